@@ -1,0 +1,62 @@
+# The front door. Every target is one visible command; `make help` lists them.
+#   make train                 train configs/default.yaml, then test the best checkpoint
+#   make train ARGS="--trainer.max_epochs 3"
+#   make test                  the whole test suite
+# The environment: the active virtualenv or conda env if there is one, else ./.venv (created here).
+# Packages are (re)installed only when pyproject.toml or scripts/constraints.txt changed.
+
+SHELL  := /bin/bash
+PYTHON ?= python3
+CONFIG ?= configs/default.yaml
+ARGS   ?=
+
+ifdef VIRTUAL_ENV
+ENV_DIR := $(VIRTUAL_ENV)
+else ifdef CONDA_PREFIX
+ENV_DIR := $(CONDA_PREFIX)
+else
+ENV_DIR := .venv
+endif
+PY    := $(ENV_DIR)/bin/python
+STAMP := $(ENV_DIR)/.project-installed
+
+.PHONY: help install train test lint format clean distclean lock
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(PY):
+	$(PYTHON) -m venv $(ENV_DIR)
+
+# Bytecode is compiled at install time (pip's default): without .pyc files, importing torch + lightning
+# takes ~20 s instead of ~7 s when PYTHONDONTWRITEBYTECODE is set.
+$(STAMP): pyproject.toml scripts/constraints.txt | $(PY)
+	$(PY) -m pip install --quiet --constraint scripts/constraints.txt --editable ".[dev,export,report]"
+	@touch $(STAMP)
+
+install: $(STAMP)  ## create/refresh the environment
+
+train: $(STAMP)  ## train $(CONFIG) (extra flags: ARGS="..."), then test the best checkpoint
+	$(PY) -m project fit --config $(CONFIG) $(ARGS)
+
+test: $(STAMP)  ## run the test suite (extra pytest flags: ARGS="...")
+	$(PY) -m pytest $(ARGS)
+
+lint: $(STAMP)  ## ruff lint + format check
+	$(PY) -m ruff check project tests scripts
+	$(PY) -m ruff format --check project tests scripts
+
+format: $(STAMP)  ## apply ruff fixes and formatting
+	$(PY) -m ruff check --fix project tests scripts
+	$(PY) -m ruff format project tests scripts
+
+lock: $(STAMP)  ## re-pin scripts/constraints.txt from the current environment
+	( echo '# Exact versions `make` installs (pip -c). Regenerate with `make lock` after changing pyproject.toml.'; \
+	  $(PY) -m pip freeze --exclude-editable ) > scripts/constraints.txt
+
+clean:  ## remove run outputs and caches (keeps the environment)
+	rm -rf runs lightning_logs .pytest_cache .ruff_cache
+	find . -name __pycache__ -not -path './.venv/*' -prune -exec rm -rf {} +
+
+distclean: clean  ## also remove ./.venv
+	rm -rf .venv

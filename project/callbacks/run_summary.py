@@ -1,0 +1,68 @@
+"""RunSummary: writes `summary.json` in the run directory after fit, and again with test results."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write to a temporary file and rename, so a crash never leaves half a JSON file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class RunSummary(Callback):
+    """Keeps the numbers a run is judged by in one small file, `<run dir>/summary.json`.
+
+    Keys: best_val_acc and test_acc (fractions 0-1), best_checkpoint, last_checkpoint, epochs, global_step,
+    seed, train_seconds (wall time of trainer.fit, validation included), plus every test/* metric.
+    """
+
+    def __init__(self) -> None:
+        self.summary: dict = {}
+        self._fit_start: float | None = None
+
+    def path(self, trainer: "L.Trainer") -> Path:
+        return Path(trainer.default_root_dir) / "summary.json"
+
+    def on_fit_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        self._fit_start = time.perf_counter()
+
+    def on_fit_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        ckpt = next((c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)), None)
+        score = ckpt.best_model_score if ckpt is not None else None
+        self.summary.update(
+            best_val_acc=float(score) if score is not None else _metric(trainer, "val/acc_best"),
+            best_checkpoint=ckpt.best_model_path if ckpt else "",
+            last_checkpoint=ckpt.last_model_path if ckpt else "",
+            epochs=trainer.current_epoch,
+            global_step=trainer.global_step,
+            seed=_seed(),
+            train_seconds=round(time.perf_counter() - self._fit_start, 3) if self._fit_start else None,
+        )
+        self._write(trainer)
+
+    def on_test_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        tested = {k.replace("/", "_"): float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+        self.summary.update(tested)
+        self._write(trainer)
+
+    def _write(self, trainer: "L.Trainer") -> None:
+        if trainer.is_global_zero and not trainer.sanity_checking:
+            self.path(trainer).parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.path(trainer), self.summary)
+
+
+def _metric(trainer: "L.Trainer", key: str) -> float | None:
+    value = trainer.callback_metrics.get(key)
+    return float(value) if value is not None else None
+
+
+def _seed() -> int | None:
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    return int(seed) if seed is not None else None

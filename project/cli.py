@@ -1,0 +1,128 @@
+"""`python -m project {fit,validate,test,predict}`: LightningCLI with run directories and argument links."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from lightning.pytorch.cli import LightningCLI
+
+from project.data import ImageClassificationDataModule
+from project.errors import ConfigError
+from project.module import ClassificationModule
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+RUNS_DIR = Path("runs")
+RUN_DIR_ENV = "PROJECT_RUN_DIR"  # shared with processes Lightning launches for DDP, so all ranks agree
+
+
+def auto_precision() -> str:
+    """bf16-mixed on CUDA GPUs that support bf16, 16-mixed on older CUDA GPUs, 32-true on CPU."""
+    if torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "32-true"
+
+
+class ProjectCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--run_dir", type=str | None, default=None,
+            help="Directory of this run (logs, checkpoints, config.yaml, summary.json). Default: a new "
+            "runs/<time> directory; with --ckpt_path, the run that checkpoint belongs to.",
+        )
+        parser.add_argument("--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint.")
+        parser.set_defaults({"trainer.precision": auto_precision()})
+        # The data decides classes and input shape; the module and the model receive them, never typed twice.
+        # A target the chosen class does not take (say, a model without `in_channels`) is skipped.
+        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.init_args.model.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.in_channels", "model.init_args.model.init_args.in_channels", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        run_dir = resolve_run_dir(config.get("run_dir"), config.get("ckpt_path"))
+        config.run_dir = str(run_dir)
+        os.environ[RUN_DIR_ENV] = str(run_dir)
+        trainer = config.trainer
+        trainer.default_root_dir = str(run_dir)
+        for logger in trainer.logger if isinstance(trainer.logger, list) else []:
+            if "save_dir" in logger.init_args:
+                logger.init_args.save_dir = str(run_dir)
+        if trainer.enable_progress_bar is False:  # let --trainer.enable_progress_bar false win over the YAML's bar
+            trainer.callbacks = [c for c in trainer.callbacks or [] if not c.class_path.endswith("ProgressBar")]
+        for callback in trainer.callbacks or []:
+            if callback.class_path.endswith("ModelCheckpoint") and callback.init_args.get("dirpath") is None:
+                # A fixed folder (not Lightning's version_N) is what lets `--ckpt_path last` find it.
+                callback.init_args.dirpath = str(run_dir / "checkpoints")
+        if self.subcommand == "fit":
+            self._fit_started = time.perf_counter()
+
+    def after_fit(self) -> None:
+        trainer = self.trainer
+        if self.config.fit.test_after_fit and not trainer.interrupted:
+            ckpt = trainer.checkpoint_callback
+            best = "best" if ckpt is not None and ckpt.best_model_path else None
+            trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
+        if trainer.is_global_zero:
+            print_summary(Path(trainer.default_root_dir))
+
+
+def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
+    if run_dir:
+        return Path(run_dir)
+    if os.environ.get(RUN_DIR_ENV):
+        return Path(os.environ[RUN_DIR_ENV])
+    if ckpt_path == "last":
+        runs = sorted(RUNS_DIR.glob("*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not runs:
+            raise ConfigError(
+                f"--ckpt_path last: no run under '{RUNS_DIR}/' has a checkpoints/last.ckpt to resume. "
+                "Start a run with `make train`, or pass a checkpoint file: --ckpt_path runs/<run>/checkpoints/last.ckpt."
+            )
+        return runs[-1].parent.parent
+    if ckpt_path and ckpt_path not in ("best", "hpc", "registry") and Path(ckpt_path).parent.name == "checkpoints":
+        return Path(ckpt_path).parent.parent
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate, n = RUNS_DIR / stamp, 1
+    while candidate.exists():  # two runs in the same second get -1, -2, ...
+        candidate, n = RUNS_DIR / f"{stamp}-{n}", n + 1
+    return candidate
+
+
+def print_summary(run_dir: Path) -> None:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    path = run_dir / "summary.json"
+    if path.exists():
+        table = Table(title="Run summary", show_header=False)
+        for key, value in json.loads(path.read_text()).items():
+            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+        Console().print(table)
+    print(f"Run directory: {run_dir}", flush=True)
+
+
+def main(args: list[str] | None = None) -> None:
+    subcommands = ("fit", "validate", "test", "predict")
+    default_config = [str(CONFIG_DIR / "default.yaml")]
+    inherited_run_dir = os.environ.get(RUN_DIR_ENV)
+    try:
+        ProjectCLI(
+            ClassificationModule,
+            ImageClassificationDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},  # a resumed run rewrites config.yaml in place
+            parser_kwargs={s: {"default_config_files": default_config} for s in subcommands},
+            args=args,
+        )
+    except ConfigError as err:
+        print(f"\nerror: {err}\n", file=sys.stderr, flush=True)
+        sys.exit(2)
+    finally:  # a second run in this process (a notebook, a test) must get its own run directory
+        if inherited_run_dir is None:
+            os.environ.pop(RUN_DIR_ENV, None)

@@ -1,0 +1,37 @@
+"""Shared test helpers: run the CLI in-process inside a temporary working directory."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from project.cli import RUN_DIR_ENV, main
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "configs"
+# Fast, quiet training flags for end-to-end tests.
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def run_cli(*args: str) -> int:
+    """Run `python -m project ...` in this process; return the exit code (0 when it returns normally)."""
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        os.environ.pop(RUN_DIR_ENV, None)
+    return 0
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    """Run from an empty directory, so runs/ lands in tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(RUN_DIR_ENV, raising=False)
+    return tmp_path
