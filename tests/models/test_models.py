@@ -11,7 +11,7 @@ def test_convnet_maps_any_small_image_to_logits(shape):
     assert model(torch.randn(2, *shape)).shape == (2, 7)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "squeezenet1_1"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "shufflenet_v2_x0_5"])
 def test_torchvision_head_is_resized(name):
     model = TorchvisionClassifier(name, num_classes=4)
     assert model.eval()(torch.randn(2, 3, 32, 32)).shape == (2, 4)
@@ -34,5 +34,7 @@ def test_torchvision_local_weights_file(tmp_path):
 def test_torchvision_errors_name_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="list_models"):
         TorchvisionClassifier("resnet_does_not_exist", num_classes=3)
+    with pytest.raises(ConfigError, match="classification head"):
+        TorchvisionClassifier("squeezenet1_1", num_classes=3)  # a conv head: no Linear to resize
     with pytest.raises(ConfigError, match="does not exist"):
         TorchvisionClassifier("resnet18", num_classes=3, weights=str(tmp_path / "missing.pth"))
