@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import torch
+from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
 
 from project.data import ImageClassificationDataModule
@@ -27,21 +28,29 @@ def auto_precision() -> str:
 class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
-            "--run_dir", type=str | None, default=None,
+            "--run_dir",
+            type=str | None,
+            default=None,
             help="Directory of this run (logs, checkpoints, config.yaml, summary.json). Default: a new "
             "runs/<time> directory; with --ckpt_path, the run that checkpoint belongs to.",
         )
-        parser.add_argument("--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint.")
+        parser.add_argument(
+            "--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint."
+        )
         parser.set_defaults({"trainer.precision": auto_precision()})
         # The data decides classes and input shape; the module and the model receive them, never typed twice.
         # A target the chosen class does not take (say, a model without `in_channels`) is skipped.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
-        parser.link_arguments("data.num_classes", "model.init_args.model.init_args.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.in_channels", "model.init_args.model.init_args.in_channels", apply_on="instantiate")
+        parser.link_arguments(
+            "data.num_classes", "model.init_args.model.init_args.num_classes", apply_on="instantiate"
+        )
+        parser.link_arguments(
+            "data.in_channels", "model.init_args.model.init_args.in_channels", apply_on="instantiate"
+        )
 
     def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand]
+        config = self.config[self.subcommand] if self.subcommand else self.config
         run_dir = resolve_run_dir(config.get("run_dir"), config.get("ckpt_path"))
         config.run_dir = str(run_dir)
         os.environ[RUN_DIR_ENV] = str(run_dir)
@@ -50,8 +59,12 @@ class ProjectCLI(LightningCLI):
         for logger in trainer.logger if isinstance(trainer.logger, list) else []:
             if "save_dir" in logger.init_args:
                 logger.init_args.save_dir = str(run_dir)
-        if trainer.enable_progress_bar is False:  # let --trainer.enable_progress_bar false win over the YAML's bar
-            trainer.callbacks = [c for c in trainer.callbacks or [] if not c.class_path.endswith("ProgressBar")]
+        if (
+            trainer.enable_progress_bar is False
+        ):  # let --trainer.enable_progress_bar false win over the YAML's bar
+            trainer.callbacks = [
+                c for c in trainer.callbacks or [] if not c.class_path.endswith("ProgressBar")
+            ]
         for callback in trainer.callbacks or []:
             if callback.class_path.endswith("ModelCheckpoint") and callback.init_args.get("dirpath") is None:
                 # A fixed folder (not Lightning's version_N) is what lets `--ckpt_path last` find it.
@@ -82,7 +95,11 @@ def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
                 "Start a run with `make train`, or pass a checkpoint file: --ckpt_path runs/<run>/checkpoints/last.ckpt."
             )
         return runs[-1].parent.parent
-    if ckpt_path and ckpt_path not in ("best", "hpc", "registry") and Path(ckpt_path).parent.name == "checkpoints":
+    if (
+        ckpt_path
+        and ckpt_path not in ("best", "hpc", "registry")
+        and Path(ckpt_path).parent.name == "checkpoints"
+    ):
         return Path(ckpt_path).parent.parent
     stamp = time.strftime("%Y%m%d-%H%M%S")
     candidate, n = RUNS_DIR / stamp, 1
@@ -106,20 +123,55 @@ def print_summary(run_dir: Path) -> None:
     print(f"Run directory: {run_dir}", flush=True)
 
 
-def main(args: list[str] | None = None) -> None:
+def condense_parse_error(message: str) -> str:
+    """jsonargparse explains a bad key with every Union alternative it tried; keep the lines that matter."""
+    noise = (
+        "Does not validate against any of the Union",
+        "Subtypes:",
+        "Errors:",
+        "NoneType",
+        "Given value type:",
+    )
+    lines = [
+        line.strip(" -")
+        for line in message.splitlines()
+        if line.strip() and not any(n in line for n in noise)
+    ]
+    return "\n  ".join(lines)
+
+
+def build_cli(args: list[str] | None = None, run: bool = True) -> ProjectCLI:
+    """The CLI with this project's defaults; `run=False` parses and instantiates without running."""
+    default_config = {"default_config_files": [str(CONFIG_DIR / "default.yaml")], "exit_on_error": False}
     subcommands = ("fit", "validate", "test", "predict")
-    default_config = [str(CONFIG_DIR / "default.yaml")]
+    return ProjectCLI(
+        ClassificationModule,
+        ImageClassificationDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},  # a resumed run rewrites config.yaml in place
+        # Parse errors are raised (not printed after 60 lines of usage) and shortened in main().
+        parser_kwargs={"exit_on_error": False, **{s: default_config for s in subcommands}}
+        if run
+        else default_config,
+        args=args,
+        run=run,
+    )
+
+
+def main(args: list[str] | None = None) -> None:
     inherited_run_dir = os.environ.get(RUN_DIR_ENV)
     try:
-        ProjectCLI(
-            ClassificationModule,
-            ImageClassificationDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            save_config_kwargs={"overwrite": True},  # a resumed run rewrites config.yaml in place
-            parser_kwargs={s: {"default_config_files": default_config} for s in subcommands},
-            args=args,
+        build_cli(args)
+    except ArgumentError as err:
+        command = " ".join(sys.argv[1:2]) if args is None else " ".join(args[:1])
+        print(
+            f"\nerror: invalid arguments or config: {condense_parse_error(str(err))}\n"
+            f"The accepted keys and their types: python -m project {command or 'fit'} --help\n",
+            file=sys.stderr,
+            flush=True,
         )
+        sys.exit(2)
     except ConfigError as err:
         print(f"\nerror: {err}\n", file=sys.stderr, flush=True)
         sys.exit(2)

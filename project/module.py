@@ -4,8 +4,8 @@ from functools import partial
 
 import lightning as L
 import torch
-from torch import Tensor, nn
 from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy

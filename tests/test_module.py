@@ -9,7 +9,9 @@ from project.module import ClassificationModule
 
 
 def make_module(**kwargs) -> ClassificationModule:
-    return ClassificationModule(ConvNet(num_classes=10, in_channels=1, width=8), num_classes=10, input_shape=(1, 8, 8), **kwargs)
+    return ClassificationModule(
+        ConvNet(num_classes=10, in_channels=1, width=8), num_classes=10, input_shape=(1, 8, 8), **kwargs
+    )
 
 
 def test_head_size_mismatch_is_a_clear_error_before_training():
@@ -48,7 +50,9 @@ def test_hyperparameters_do_not_pickle_the_model_outside_the_cli():
 
 def test_top5_only_with_more_than_five_classes():
     assert make_module().top5
-    small = ClassificationModule(ConvNet(num_classes=3, in_channels=1, width=8), num_classes=3, input_shape=(1, 8, 8))
+    small = ClassificationModule(
+        ConvNet(num_classes=3, in_channels=1, width=8), num_classes=3, input_shape=(1, 8, 8)
+    )
     assert not small.top5
 
 
@@ -64,8 +68,15 @@ def test_learning_rate_follows_warmup_then_cosine(tmp_path):
             seen.append(trainer.optimizers[0].param_groups[0]["lr"])
 
     data = DataLoader(TensorDataset(torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,))), batch_size=8)
-    trainer = L.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[Record()], default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Record()],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(module, data)
     # 4 steps per epoch, 12 in all, warmup = 1 epoch = 4 steps.
     assert seen[:4] == pytest.approx([0.0025, 0.005, 0.0075, 0.01])

@@ -48,7 +48,11 @@ class RunSummary(Callback):
         self._write(trainer)
 
     def on_test_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
-        tested = {k.replace("/", "_"): float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+        tested = {
+            k.replace("/", "_"): float(v)
+            for k, v in trainer.callback_metrics.items()
+            if k.startswith("test/")
+        }
         self.summary.update(tested)
         self._write(trainer)
 

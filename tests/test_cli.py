@@ -1,0 +1,138 @@
+"""End to end through `python -m project` (in-process): train, then assert on what the run left behind."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from project.module import ClassificationModule
+from tests.conftest import CONFIGS, QUIET, read_summary, run_cli
+
+FAST = [*QUIET, "--trainer.max_epochs", "4"]
+
+
+def only_run_dir(root: Path) -> Path:
+    runs = list((root / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.mark.slow
+def test_fit_trains_tests_and_leaves_a_complete_run_directory(in_tmp, capsys):
+    assert run_cli("fit", "--config", CONFIGS / "default.yaml", *FAST) == 0
+    run = only_run_dir(in_tmp)
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"Run directory: {run.relative_to(in_tmp)}"
+
+    summary = read_summary(run)
+    assert summary["test_acc"] >= 0.95 and summary["best_val_acc"] >= 0.95  # 4 epochs; 30 reach >= 0.99
+    assert summary["epochs"] == 4 and summary["global_step"] == 4 * 20 and summary["seed"] == 0
+    assert summary["train_seconds"] > 0
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert ckpts[-1] == "last.ckpt" and ckpts[0].startswith("best-epoch=")
+    assert (
+        Path(summary["best_checkpoint"]).name == ckpts[0]
+        and Path(summary["last_checkpoint"]).name == "last.ckpt"
+    )
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["seed_everything"] == 0 and config["run_dir"] == str(run.relative_to(in_tmp))
+    assert config["trainer"]["precision"] == "32-true"  # resolved for this CPU machine
+    assert (run / "metrics.csv").exists() and list(run.glob("events.out.tfevents.*"))
+
+    # The checkpoint rebuilds its model from the saved config, and loads with weights_only=True.
+    model = ClassificationModule.load_from_checkpoint(summary["best_checkpoint"], weights_only=True)
+    assert type(model.model).__name__ == "ConvNet" and model.num_classes == 10  # linked from the data
+    assert model.hparams.model["init_args"]["num_classes"] == 10
+
+
+@pytest.mark.slow
+def test_same_seed_gives_identical_accuracies(in_tmp):
+    args = ["fit", *FAST, "--trainer.max_epochs", "2"]
+    assert run_cli(*args, "--run_dir", "runs/a") == 0
+    assert run_cli(*args, "--run_dir", "runs/b") == 0
+    a, b = read_summary(in_tmp / "runs/a"), read_summary(in_tmp / "runs/b")
+    keys = ["best_val_acc", "test_acc", "test_loss"]
+    assert [a[k] for k in keys] == [b[k] for k in keys]
+
+
+@pytest.mark.slow
+def test_fill_in_your_own_model_from_outside_the_package(in_tmp, monkeypatch):
+    """A user writes an nn.Module anywhere importable and points the config at it; no package file changes."""
+    (in_tmp / "my_models.py").write_text(
+        textwrap.dedent("""
+        from torch import nn
+
+        class TinyMLP(nn.Module):
+            def __init__(self, num_classes: int, in_channels: int = 1, hidden: int = 64):
+                super().__init__()
+                self.net = nn.Sequential(nn.Flatten(), nn.LazyLinear(hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+            def forward(self, x):
+                return self.net(x)
+    """)
+    )
+    (in_tmp / "mine.yaml").write_text(
+        textwrap.dedent("""
+        model:
+          init_args:
+            model:
+              class_path: my_models.TinyMLP
+              init_args: {hidden: 32}
+    """)
+    )
+    monkeypatch.syspath_prepend(str(in_tmp))
+    assert run_cli("fit", "--config", "mine.yaml", *FAST) == 0
+    run = only_run_dir(in_tmp)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["model"]["init_args"]["model"]["class_path"] == "my_models.TinyMLP"
+    hparams = torch.load(run / "checkpoints/last.ckpt", weights_only=True)["hyper_parameters"]
+    assert hparams["model"]["init_args"] == {"num_classes": 10, "in_channels": 1, "hidden": 32}
+    assert read_summary(run)["test_acc"] > 0.8
+    state = torch.load(run / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
+    assert state["model.net.1.weight"].shape == (32, 64)
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (CONFIGS / "debug").glob("*.yaml")))
+def test_debug_presets_run(in_tmp, preset):
+    extra = (
+        ["--trainer.max_epochs", "2", "--trainer.check_val_every_n_epoch", "1"]
+        if preset == "overfit_batches.yaml"
+        else []
+    )
+    assert run_cli("fit", "--config", CONFIGS / "debug" / preset, *QUIET, *extra) == 0
+
+
+# ---- bad input: one readable paragraph, exit code 2, and no run directory left behind -----------------
+
+BAD_INPUTS = {
+    "missing data root": (
+        ["--data.init_args.source", "imagefolder", "--data.init_args.root", "nowhere"],
+        ["'nowhere' does not exist", "--data.init_args.root"],
+    ),
+    "unknown key": (["--model.init_args.lrr", "0.1"], ["Option 'lrr' is not accepted", "--help"]),
+    "wrong type": (["--data.init_args.batch_size", "abc"], ["batch_size", "Expected a <class 'int'>"]),
+    "head size mismatch": (
+        [
+            "--model.init_args.model",
+            "project.models.TorchvisionClassifier",
+            "--model.init_args.model.init_args.name",
+            "resnet18",
+            "--model.init_args.num_classes",
+            "3",
+        ],
+        ["10 classes"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_clear_paragraph(in_tmp, capsys, case):
+    args, expected = BAD_INPUTS[case]
+    assert run_cli("fit", *QUIET, *args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "usage:" not in err
+    for text in expected:
+        assert text in err
+    assert not (in_tmp / "runs").exists() or not any((in_tmp / "runs").iterdir())
