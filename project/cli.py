@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 
 from project.data import ImageClassificationDataModule
+from project.distributed import describe_world, env_rank, launched_externally, launcher_run_name, quiet_non_zero_ranks
 from project.errors import ConfigError
 from project.module import ClassificationModule
 
@@ -59,6 +60,13 @@ class ProjectCLI(LightningCLI):
         if self.subcommand == "fit":
             self._fit_started = time.perf_counter()
 
+    def before_fit(self) -> None:
+        if self.trainer.world_size > 1:  # DDP: say what one optimizer step sees (rank 0 only)
+            batch = getattr(getattr(self.datamodule, "hparams", None), "batch_size", None)
+            lr = self.model.scaled_lr(self.trainer.world_size) if hasattr(self.model, "scaled_lr") else None
+            if env_rank() == 0:  # the process group does not exist yet: the launcher's rank
+                print(describe_world(self.trainer, batch, lr), flush=True)
+
     def after_fit(self) -> None:
         trainer = self.trainer
         if self.config.fit.test_after_fit and not trainer.interrupted:
@@ -84,6 +92,16 @@ def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
         return runs[-1].parent.parent
     if ckpt_path and ckpt_path not in ("best", "hpc", "registry") and Path(ckpt_path).parent.name == "checkpoints":
         return Path(ckpt_path).parent.parent
+    # torchrun / srun ranks each parse the command line: they must derive the same directory, not a timestamp.
+    if name := launcher_run_name():
+        return RUNS_DIR / name
+    if launcher := launched_externally():
+        raise ConfigError(
+            f"Started by {launcher}, every process parses the command line on its own and would pick its own "
+            "runs/<time> directory. Name the run once for all ranks: use scripts/torchrun.sh or scripts/slurm.sbatch "
+            "(they export PROJECT_RUN_DIR), pass --run_dir runs/<name> (the same on every node), or give torchrun "
+            "--rdzv_id <name>."
+        )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     candidate, n = RUNS_DIR / stamp, 1
     while candidate.exists():  # two runs in the same second get -1, -2, ...
@@ -110,6 +128,7 @@ def main(args: list[str] | None = None) -> None:
     subcommands = ("fit", "validate", "test", "predict")
     default_config = [str(CONFIG_DIR / "default.yaml")]
     inherited_run_dir = os.environ.get(RUN_DIR_ENV)
+    quiet_non_zero_ranks()  # DDP: rank 0 speaks for the run
     try:
         ProjectCLI(
             ClassificationModule,
