@@ -77,10 +77,13 @@ def describe_world(trainer, batch_size: int | None, lr: float | None) -> str:
     backend = getattr(strategy, "process_group_backend", None) or (
         strategy._get_process_group_backend() if hasattr(strategy, "_get_process_group_backend") else "?"
     )
-    where = f"on {accelerator} ({backend})"
+    where = f"{accelerator} devices, {backend} backend"
     if accelerator == "CPU":
-        where = f"on CPU processes with {backend} (no GPU in use)"
-    lines = [f"{type(strategy).__name__}: world size {trainer.world_size} = {devices} processes x {nodes} node(s) {where}."]
+        where = f"CPU processes with {backend} (no GPU in use)"
+    lines = [
+        f"{type(strategy).__name__}: world size {trainer.world_size} = {devices} per node x {nodes} "
+        f"node{'s' if nodes > 1 else ''}, {where}."
+    ]
     if batch_size is not None:
         lines.append(f"Per-device batch {batch_size}, effective global batch {batch_size * trainer.world_size}.")
     if lr is not None:

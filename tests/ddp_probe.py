@@ -1,6 +1,7 @@
 """A callback the DDP tests add to a real run: it records what each rank saw, and can make one rank fail."""
 
 import json
+import time
 from pathlib import Path
 
 import lightning as L
@@ -38,6 +39,7 @@ class SampleProbe(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_rank == self.crash_rank and trainer.global_step >= self.crash_step:
+            (self.out / "crashed_at").write_text(repr(time.time()))  # the test times the shutdown from here
             raise RuntimeError(f"SampleProbe: rank {self.crash_rank} fails on purpose at step {trainer.global_step}")
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -56,3 +58,26 @@ class SampleProbe(Callback):
     def _eval(loader, loss_metric) -> dict:
         # MeanMetric's `weight` state = samples this rank counted (the loss is updated with weight=batch size).
         return {"indices": list(loader.sampler), "counted": float(loss_metric.weight), "dataset": len(loader.dataset)}
+
+
+class PlainCNN(torch.nn.Module):
+    """A BatchNorm-free, dropout-free CNN for the equivalence test.
+
+    BatchNorm normalises over each device's batch (SyncBatchNorm, which would fix that, is GPU-only), and dropout
+    draws different masks per process: either makes 2 x B on two processes differ from 2B on one by design.
+    """
+
+    def __init__(self, num_classes: int, in_channels: int = 1) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(in_channels, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
