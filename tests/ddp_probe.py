@@ -67,16 +67,16 @@ class PlainCNN(torch.nn.Module):
     draws different masks per process: either makes 2 x B on two processes differ from 2B on one by design.
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 1) -> None:
+    def __init__(self, num_classes: int, in_channels: int = 1, width: int = 16) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Conv2d(in_channels, 16, 3, padding=1),
+            torch.nn.Conv2d(in_channels, width, 3, padding=1),
             torch.nn.ReLU(),
-            torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            torch.nn.Conv2d(width, 2 * width, 3, stride=2, padding=1),
             torch.nn.ReLU(),
             torch.nn.AdaptiveAvgPool2d(1),
             torch.nn.Flatten(),
-            torch.nn.Linear(32, num_classes),
+            torch.nn.Linear(2 * width, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
