@@ -9,7 +9,13 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 
 from project.data import ImageClassificationDataModule
-from project.distributed import describe_world, env_rank, launched_externally, launcher_run_name, quiet_non_zero_ranks
+from project.distributed import (
+    describe_world,
+    env_rank,
+    launched_externally,
+    launcher_run_name,
+    quiet_non_zero_ranks,
+)
 from project.errors import ConfigError
 from project.module import ClassificationModule
 

@@ -63,7 +63,11 @@ def quiet_non_zero_ranks() -> None:
     default_hook = sys.excepthook
 
     def hook(kind, value, traceback) -> None:
-        print(f"[rank {rank_zero_only.rank or env_rank()}] uncaught {kind.__name__}:", file=sys.stderr, flush=True)
+        print(
+            f"[rank {rank_zero_only.rank or env_rank()}] uncaught {kind.__name__}:",
+            file=sys.stderr,
+            flush=True,
+        )
         default_hook(kind, value, traceback)
 
     sys.excepthook = hook
@@ -85,7 +89,9 @@ def describe_world(trainer, batch_size: int | None, lr: float | None) -> str:
         f"node{'s' if nodes > 1 else ''}, {where}."
     ]
     if batch_size is not None:
-        lines.append(f"Per-device batch {batch_size}, effective global batch {batch_size * trainer.world_size}.")
+        lines.append(
+            f"Per-device batch {batch_size}, effective global batch {batch_size * trainer.world_size}."
+        )
     if lr is not None:
         lines.append(f"Peak lr {lr:g}.")
     return " ".join(lines)

@@ -27,20 +27,28 @@ class SampleProbe(Callback):
         self.out.mkdir(parents=True, exist_ok=True)
         self.record["world_size"] = trainer.world_size
         if trainer.global_rank == 0:  # the starting weights, for the single-process replay
-            torch.save({k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}, self.out / "init.pt")
+            torch.save(
+                {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}, self.out / "init.pt"
+            )
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loader = trainer.train_dataloader
         sampler = loader.sampler  # Lightning's DistributedSampler, already set_epoch()-ed for this epoch
         consumed = len(loader) * loader.batch_size  # drop_last: the tail of the shard is never read
         self.record["train_epochs"].append(
-            {"epoch": int(sampler.epoch), "sampler": type(sampler).__name__, "indices": list(sampler)[:consumed]}
+            {
+                "epoch": int(sampler.epoch),
+                "sampler": type(sampler).__name__,
+                "indices": list(sampler)[:consumed],
+            }
         )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_rank == self.crash_rank and trainer.global_step >= self.crash_step:
             (self.out / "crashed_at").write_text(repr(time.time()))  # the test times the shutdown from here
-            raise RuntimeError(f"SampleProbe: rank {self.crash_rank} fails on purpose at step {trainer.global_step}")
+            raise RuntimeError(
+                f"SampleProbe: rank {self.crash_rank} fails on purpose at step {trainer.global_step}"
+            )
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Callbacks run before the module's hook, so the metric states are still this rank's own, unsynced.
@@ -57,7 +65,11 @@ class SampleProbe(Callback):
     @staticmethod
     def _eval(loader, loss_metric) -> dict:
         # MeanMetric's `weight` state = samples this rank counted (the loss is updated with weight=batch size).
-        return {"indices": list(loader.sampler), "counted": float(loss_metric.weight), "dataset": len(loader.dataset)}
+        return {
+            "indices": list(loader.sampler),
+            "counted": float(loss_metric.weight),
+            "dataset": len(loader.dataset),
+        }
 
 
 class PlainCNN(torch.nn.Module):

