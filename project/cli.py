@@ -67,6 +67,12 @@ class ProjectCLI(LightningCLI):
             self._fit_started = time.perf_counter()
 
     def before_fit(self) -> None:
+        if self.config.fit.trainer.get("sync_batchnorm") and type(self.trainer.accelerator).__name__ == "CPUAccelerator":
+            # torch's SyncBatchNorm runs on CUDA only; without this check every rank dies in DDP setup.
+            raise ConfigError(
+                "trainer.sync_batchnorm needs GPUs (SyncBatchNorm is CUDA-only), but this run is on CPU. "
+                "Set --trainer.sync_batchnorm false."
+            )
         if self.trainer.world_size > 1:  # DDP: say what one optimizer step sees (rank 0 only)
             batch = getattr(getattr(self.datamodule, "hparams", None), "batch_size", None)
             lr = self.model.scaled_lr(self.trainer.world_size) if hasattr(self.model, "scaled_lr") else None
