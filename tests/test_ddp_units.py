@@ -63,3 +63,36 @@ def test_lr_scaling_linear_multiplies_by_world_size():
     assert linear.scaled_lr(8) == pytest.approx(0.008)
     optimizer = linear.configure_optimizers()["optimizer"]  # outside a Trainer: world size 1
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["lr"] == pytest.approx(0.001)
+
+
+def test_make_train_ddp_runs_the_command_the_ddp_test_runs(tmp_path):
+    # `make -n` prints the recipe without running it (-o: never rebuild the environment). Without a GPU, NPROC is 2.
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    venv = Path(sys.executable).parent.parent
+    recipe = subprocess.run(
+        [
+            "make",
+            "-n",
+            "-o",
+            str(venv / ".project-installed"),
+            "train-ddp",
+            f"VIRTUAL_ENV={venv}",
+            "ARGS=--x 1",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    gpus = shutil.which("nvidia-smi") is not None
+    expected = (
+        "-m project fit --config configs/default.yaml --config configs/ddp.yaml "
+        f"--trainer.devices {'auto' if gpus else 2} --trainer.num_nodes 1 --x 1"
+    )
+    assert expected in recipe, recipe
