@@ -15,6 +15,7 @@ from project.distributed import (
     launched_externally,
     launcher_run_name,
     quiet_non_zero_ranks,
+    share_cpu_threads,
 )
 from project.errors import ConfigError
 from project.module import ClassificationModule
@@ -74,6 +75,7 @@ class ProjectCLI(LightningCLI):
                 "Set --trainer.sync_batchnorm false."
             )
         if self.trainer.world_size > 1:  # DDP: say what one optimizer step sees (rank 0 only)
+            share_cpu_threads(self.trainer)  # runs in every rank: each one parses the CLI
             batch = getattr(getattr(self.datamodule, "hparams", None), "batch_size", None)
             lr = self.model.scaled_lr(self.trainer.world_size) if hasattr(self.model, "scaled_lr") else None
             if env_rank() == 0:  # the process group does not exist yet: the launcher's rank

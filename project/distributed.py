@@ -5,6 +5,7 @@ import os
 import sys
 import warnings
 
+import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 
@@ -71,6 +72,17 @@ def quiet_non_zero_ranks() -> None:
         default_hook(kind, value, traceback)
 
     sys.excepthook = hook
+
+
+def share_cpu_threads(trainer) -> None:
+    """CPU DDP: split the cores between this node's processes, unless OMP_NUM_THREADS says otherwise.
+
+    Each process would otherwise run one intra-op thread per core: 2 processes on 2 cores ran 300 steps in 135 s
+    instead of ~40 s. (torchrun sets OMP_NUM_THREADS=1 itself when it starts several processes per node.)
+    """
+    if type(trainer.accelerator).__name__ == "CPUAccelerator" and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // max(1, trainer.num_devices)))
 
 
 def describe_world(trainer, batch_size: int | None, lr: float | None) -> str:

@@ -33,9 +33,6 @@ ODD_SPLITS = ["--data.init_args.test_fraction", "0.2005", "--data.init_args.val_
 def env_for_children() -> dict:
     # The checkout's `project` and `tests`, whatever directory the processes run in.
     env = {k: v for k, v in os.environ.items() if k != "PROJECT_RUN_DIR"}
-    # One intra-op thread per process: two ranks with a thread per core each would oversubscribe the CPUs
-    # (torchrun sets this itself only with several processes per node).
-    env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
@@ -211,7 +208,9 @@ class GlobalBatches:
 def test_two_torchrun_nodes_train_together_and_match_one_process(tmp_path):
     epochs = 10  # 10 x 20 = 200 optimizer steps
     port, run_dir = free_port(), tmp_path / "runs" / "two-nodes"
-    env = env_for_children() | {"PY": sys.executable, "PROJECT_RUN_DIR": str(run_dir)}
+    # Two "nodes" of one process each on one machine: one thread each, or they oversubscribe the cores
+    # (the CLI splits the cores only between the processes of one node).
+    env = env_for_children() | {"PY": sys.executable, "PROJECT_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1"}
     flags = [
         "--",
         *QUIET,
