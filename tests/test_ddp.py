@@ -338,6 +338,7 @@ def test_a_failing_rank_stops_every_process(tmp_path):
     print(f"\nrank 1 raised; all processes gone {ended - crashed:.1f} s later (exit code {code})")
     assert code != 0
     assert "fails on purpose" in err
+    assert "[rank 1] uncaught RuntimeError" in err  # a non-zero rank's error says which rank it came from
     assert ended - crashed < 30  # gloo sees the peer gone; else Lightning's observer SIGKILLs all within 5 s
     left = "" if group_is_gone(proc.pid, wait=5) else group_processes(proc.pid)
     if left:
