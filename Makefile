@@ -1,6 +1,7 @@
 # The front door. Every target is one visible command; `make help` lists them.
 #   make train                 train configs/default.yaml, then test the best checkpoint
 #   make train ARGS="--trainer.max_epochs 3"
+#   make train-ddp             the same with DDP: every GPU, or NPROC=2 CPU processes (gloo) without a GPU
 #   make test                  the whole test suite
 # The environment: the active virtualenv or conda env if there is one, else ./.venv (created here).
 # Packages are (re)installed only when pyproject.toml or scripts/constraints.txt changed.
@@ -9,6 +10,9 @@ SHELL  := /bin/bash
 PYTHON ?= python3
 CONFIG ?= configs/default.yaml
 ARGS   ?=
+# train-ddp: processes per node (default: every GPU, or 2 CPU processes when nvidia-smi finds none) and nodes.
+NPROC  ?= $(if $(shell nvidia-smi -L 2>/dev/null),auto,2)
+NODES  ?= 1
 
 ifdef VIRTUAL_ENV
 ENV_DIR := $(VIRTUAL_ENV)
@@ -20,7 +24,7 @@ endif
 PY    := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.project-installed
 
-.PHONY: help install train test lint format clean distclean lock
+.PHONY: help install train train-ddp test lint format clean distclean lock
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,6 +42,9 @@ install: $(STAMP)  ## create/refresh the environment
 
 train: $(STAMP)  ## train $(CONFIG) (extra flags: ARGS="..."), then test the best checkpoint
 	$(PY) -m project fit --config $(CONFIG) $(ARGS)
+
+train-ddp: $(STAMP)  ## train with DDP on NPROC devices x NODES nodes (multi-node: see scripts/torchrun.sh)
+	$(PY) -m project fit --config $(CONFIG) --config configs/ddp.yaml --trainer.devices $(NPROC) --trainer.num_nodes $(NODES) $(ARGS)
 
 test: $(STAMP)  ## run the test suite (extra pytest flags: ARGS="...")
 	$(PY) -m pytest $(ARGS)

@@ -10,6 +10,14 @@ from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
 
 from project.data import ImageClassificationDataModule
+from project.distributed import (
+    describe_world,
+    env_rank,
+    launched_externally,
+    launcher_run_name,
+    quiet_non_zero_ranks,
+    share_cpu_threads,
+)
 from project.errors import ConfigError
 from project.module import ClassificationModule
 
@@ -72,6 +80,20 @@ class ProjectCLI(LightningCLI):
         if self.subcommand == "fit":
             self._fit_started = time.perf_counter()
 
+    def before_fit(self) -> None:
+        if self.config.fit.trainer.get("sync_batchnorm") and type(self.trainer.accelerator).__name__ == "CPUAccelerator":
+            # torch's SyncBatchNorm runs on CUDA only; without this check every rank dies in DDP setup.
+            raise ConfigError(
+                "trainer.sync_batchnorm needs GPUs (SyncBatchNorm is CUDA-only), but this run is on CPU. "
+                "Set --trainer.sync_batchnorm false."
+            )
+        if self.trainer.world_size > 1:  # DDP: say what one optimizer step sees (rank 0 only)
+            share_cpu_threads(self.trainer)  # runs in every rank: each one parses the CLI
+            batch = getattr(getattr(self.datamodule, "hparams", None), "batch_size", None)
+            lr = self.model.scaled_lr(self.trainer.world_size) if hasattr(self.model, "scaled_lr") else None
+            if env_rank() == 0:  # the process group does not exist yet: the launcher's rank
+                print(describe_world(self.trainer, batch, lr), flush=True)
+
     def after_fit(self) -> None:
         trainer = self.trainer
         if self.config.fit.test_after_fit and not trainer.interrupted:
@@ -101,6 +123,16 @@ def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
         and Path(ckpt_path).parent.name == "checkpoints"
     ):
         return Path(ckpt_path).parent.parent
+    # torchrun / srun ranks each parse the command line: they must derive the same directory, not a timestamp.
+    if name := launcher_run_name():
+        return RUNS_DIR / name
+    if launcher := launched_externally():
+        raise ConfigError(
+            f"Started by {launcher}, every process parses the command line on its own and would pick its own "
+            "runs/<time> directory. Name the run once for all ranks: use scripts/torchrun.sh or scripts/slurm.sbatch "
+            "(they export PROJECT_RUN_DIR), pass --run_dir runs/<name> (the same on every node), or give torchrun "
+            "--rdzv_id <name>."
+        )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     candidate, n = RUNS_DIR / stamp, 1
     while candidate.exists():  # two runs in the same second get -1, -2, ...
@@ -161,6 +193,7 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> ProjectCLI:
 
 def main(args: list[str] | None = None) -> None:
     inherited_run_dir = os.environ.get(RUN_DIR_ENV)
+    quiet_non_zero_ranks()  # DDP: rank 0 speaks for the run
     try:
         build_cli(args)
     except ArgumentError as err:

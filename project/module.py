@@ -1,6 +1,7 @@
 """ClassificationModule: any image classifier `nn.Module` + CrossEntropy + AdamW + warmup-cosine + metrics."""
 
 from functools import partial
+from typing import Literal
 
 import lightning as L
 import torch
@@ -29,6 +30,8 @@ class ClassificationModule(L.LightningModule):
         warmup_epochs: linear warmup length in epochs (fractions allowed).
         min_lr_ratio: the cosine ends at `lr * min_lr_ratio`.
         label_smoothing: CrossEntropy label smoothing.
+        lr_scaling: `none` keeps `lr` whatever the number of processes; `linear` multiplies it by the world size
+            (devices x nodes), the linear scaling rule for a global batch that grows with the processes.
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class ClassificationModule(L.LightningModule):
         warmup_epochs: float = 1.0,
         min_lr_ratio: float = 0.0,
         label_smoothing: float = 0.0,
+        lr_scaling: Literal["none", "linear"] = "none",
     ) -> None:
         super().__init__()
         # With LightningCLI the nested model config is saved (not the module object), so
@@ -130,9 +134,14 @@ class ClassificationModule(L.LightningModule):
             {"params": decay, "weight_decay": self.hparams.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=self.hparams.betas)
+        world_size = self._trainer.world_size if self._trainer is not None else 1
+        optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr(world_size), betas=self.hparams.betas)
         scheduler = LambdaLR(optimizer, self._lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def scaled_lr(self, world_size: int) -> float:
+        """The peak lr for `world_size` processes (DDP): `lr`, times world_size with lr_scaling=linear."""
+        return self.hparams.lr * (world_size if self.hparams.get("lr_scaling", "none") == "linear" else 1)
 
     def _lr_factor(self, step: int) -> float:
         if self.total_steps is None:

@@ -5,6 +5,7 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.data import digits, image_folder, torchvision_datasets
@@ -135,10 +136,21 @@ class ImageClassificationDataModule(L.LightningDataModule):
                 f"The training split has {len(dataset)} samples, fewer than data.batch_size="
                 f"{self.hparams.batch_size}; with drop_last no batch would remain. Lower --data.init_args.batch_size."
             )
+        sampler = None
+        if not train and self.trainer is not None and self.trainer.world_size > 1:
+            # DDP: Lightning's default DistributedSampler pads the last shard with repeated samples so all ranks
+            # run equally many batches, and those repeats would be counted twice in val/test metrics. This
+            # sampler gives each sample to exactly one rank (shards differ by at most one sample); that is safe
+            # in evaluation, where DDP syncs buffers on the first batch only. Lightning keeps a loader's own
+            # DistributedSampler; training keeps Lightning's shuffling, per-epoch reseeded one.
+            sampler = UnrepeatedDistributedSampler(
+                dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
+            )
         return DataLoader(
             dataset,
             batch_size=self.hparams.batch_size,
             shuffle=train,
+            sampler=sampler,
             drop_last=train,  # equal-size steps keep BatchNorm stable and every DDP rank in lockstep
             num_workers=workers,
             pin_memory=pin,  # Lightning copies pinned batches to the GPU with non_blocking=True
