@@ -105,7 +105,8 @@ class ClassificationModule(L.LightningModule):
             metrics["val/acc_top5"] = self.val_acc5
         self.log_dict(metrics, prog_bar=True)
         if not self.trainer.sanity_checking:
-            self.log("val/acc_best", self.val_acc_best.compute())
+            # Same value on every rank (from synced val/acc); sync_dist only silences the DDP warning.
+            self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss, logits, y = self._shared_step(batch)
