@@ -1,4 +1,4 @@
-"""`python -m project {fit,validate,test,predict}`: LightningCLI with run directories and argument links."""
+"""`python -m project {fit,validate,test,predict,export,doctor}`: LightningCLI with run directories and argument links."""
 
 import os
 import sys
@@ -106,11 +106,22 @@ def print_summary(run_dir: Path) -> None:
     print(f"Run directory: {run_dir}", flush=True)
 
 
+# Tools that run without a Trainer (issue #6): `predict` replaces LightningCLI's, which would need a predict
+# dataloader; each takes its own flags (`python -m project export --help`). Imported only when used.
+TOOLS = {"predict": "project.predict", "export": "project.export", "doctor": "project.doctor"}
+
+
 def main(args: list[str] | None = None) -> None:
-    subcommands = ("fit", "validate", "test", "predict")
+    subcommands = ("fit", "validate", "test")
     default_config = [str(CONFIG_DIR / "default.yaml")]
     inherited_run_dir = os.environ.get(RUN_DIR_ENV)
+    argv = sys.argv[1:] if args is None else list(args)
     try:
+        if argv and argv[0] in TOOLS:
+            import importlib
+
+            importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
+            return
         ProjectCLI(
             ClassificationModule,
             ImageClassificationDataModule,
