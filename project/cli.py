@@ -8,8 +8,10 @@ from pathlib import Path
 import torch
 from lightning.pytorch.cli import LightningCLI
 
+from project.callbacks.log_config import LogConfig
 from project.data import ImageClassificationDataModule
 from project.errors import ConfigError
+from project.loggers import configure_loggers
 from project.module import ClassificationModule
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -47,6 +49,8 @@ class ProjectCLI(LightningCLI):
         os.environ[RUN_DIR_ENV] = str(run_dir)
         trainer = config.trainer
         trainer.default_root_dir = str(run_dir)
+        if isinstance(trainer.logger, list):  # overlays append loggers (configs/logger/); see project/loggers.py
+            trainer.logger = configure_loggers(trainer.logger, run_dir)
         for logger in trainer.logger if isinstance(trainer.logger, list) else []:
             if "save_dir" in logger.init_args:
                 logger.init_args.save_dir = str(run_dir)
@@ -127,6 +131,7 @@ def main(args: list[str] | None = None) -> None:
             ImageClassificationDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
+            save_config_callback=LogConfig,  # config.yaml without secrets, config + sizes logged as hparams
             save_config_kwargs={"overwrite": True},  # a resumed run rewrites config.yaml in place
             parser_kwargs={s: {"default_config_files": default_config} for s in subcommands},
             args=args,

@@ -103,12 +103,13 @@ class ClassificationModule(L.LightningModule):
         if not self.trainer.sanity_checking:
             self.log("val/acc_best", self.val_acc_best.compute())
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss, logits, y = self._shared_step(batch)
         self.test_loss.update(loss, weight=y.numel())
         self.test_acc.update(logits, y)
         if self.top5:
             self.test_acc5.update(logits, y)
+        return logits  # for callbacks: RunReport's confusion matrix and wrong examples reuse them
 
     def on_test_epoch_end(self) -> None:
         metrics = {"test/loss": self.test_loss, "test/acc": self.test_acc}
