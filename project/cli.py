@@ -142,3 +142,6 @@ def main(args: list[str] | None = None) -> None:
     finally:  # a second run in this process (a notebook, a test) must get its own run directory
         if inherited_run_dir is None:
             os.environ.pop(RUN_DIR_ENV, None)
+        # ...and its own W&B run: WandbLogger would otherwise attach to the run still open (and flushed only at exit).
+        if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+            sys.modules["wandb"].finish()

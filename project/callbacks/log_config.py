@@ -2,6 +2,7 @@
 
 import re
 
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import SaveConfigCallback
 
@@ -35,7 +36,8 @@ class LogConfig(SaveConfigCallback):
     def save_config(self, trainer, pl_module, stage: str) -> None:
         params = list(pl_module.parameters())
         hparams = {
-            "config": self.config.clone().as_dict(),
+            # Through YAML, as in config.yaml: plain values (no Path objects) that every logger can store.
+            "config": yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True)),
             "params": {
                 "total": sum(p.numel() for p in params),
                 "trainable": sum(p.numel() for p in params if p.requires_grad),
