@@ -121,17 +121,20 @@ class ClassificationModule(L.LightningModule):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x).float().softmax(dim=-1)
 
-    def configure_optimizers(self):
+    def param_groups(self) -> list[dict]:
+        """AdamW parameter groups (project/finetune.py overrides this to give the backbone its own LR)."""
         decay, no_decay = [], []
         for p in self.model.parameters():
             if p.requires_grad:
                 # Biases and norm scales are 1-D: decaying them only hurts.
                 (decay if p.ndim > 1 else no_decay).append(p)
-        groups = [
+        return [
             {"params": decay, "weight_decay": self.hparams.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=self.hparams.betas)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.param_groups(), lr=self.hparams.lr, betas=self.hparams.betas)
         scheduler = LambdaLR(optimizer, self._lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
