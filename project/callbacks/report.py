@@ -144,8 +144,7 @@ def render(epochs, lrs, confusion, wrong, class_names, dpi: int):
         ax_lr.legend(fontsize="small")
     ax_lr.set(title="learning rate per step", xlabel="step")
 
-    ax_cm, right = bottom.subfigures(1, 2)
-    ax = ax_cm.subplots()
+    ax, ax_wrong = bottom.subplots(1, 2)
     if confusion is not None and confusion.update_called:
         cm = confusion.compute().numpy()
         n = cm.shape[0]
@@ -164,24 +163,32 @@ def render(epochs, lrs, confusion, wrong, class_names, dpi: int):
     else:
         ax.set_axis_off()
         ax.text(0.5, 0.5, "confusion matrix: after test", ha="center")
-    _wrong_grid(right, wrong, class_names)
+    _wrong_grid(ax_wrong, wrong, class_names)
 
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
-def _wrong_grid(subfig, wrong, class_names) -> None:
-    side = max(1, int(len(wrong) ** 0.5 + 0.999))
-    subfig.suptitle("most confidently wrong test images (predicted / true)" if wrong else "no wrong test images yet")
+def _wrong_grid(ax, wrong, class_names) -> None:
+    """One mosaic image (one axes, not one per image: drawing stays fast), each tile captioned."""
+    from torchvision.utils import make_grid
+
+    ax.set_axis_off()
+    ax.set_title("most confidently wrong test images: predicted / true (confidence)" if wrong else "no wrong test images")
     if not wrong:
         return
-    axes = subfig.subplots(side, side, squeeze=False)
-    name = (lambda i: class_names[i]) if class_names else str
-    for ax, item in zip(axes.flat, wrong + [None] * (side * side - len(wrong)), strict=True):
-        ax.set_axis_off()
-        if item is None:
-            continue
-        conf, img, pred, true = item
+    side = max(1, int(len(wrong) ** 0.5 + 0.999))
+    tiles = []
+    for _, img, _, _ in wrong:
         img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)  # (C, H, W) to [0, 1] for display
-        ax.imshow(img[0] if img.shape[0] == 1 else img.permute(1, 2, 0), cmap="gray")
-        ax.set_title(f"{name(pred)} / {name(true)} ({conf:.0%})", fontsize="small")
+        tiles.append(img.expand(3, -1, -1) if img.shape[0] == 1 else img[:3])
+    size = max(t.shape[-1] for t in tiles)
+    tiles = [torch.nn.functional.interpolate(t[None], size=(size, size), mode="nearest")[0] for t in tiles]
+    pad = max(2, size // 3)  # room for the caption above each tile
+    grid = make_grid(tiles, nrow=side, padding=pad, pad_value=1.0)  # (3, H, W)
+    ax.imshow(grid.permute(1, 2, 0).numpy(), interpolation="nearest")
+    name = (lambda i: class_names[i]) if class_names else str
+    for k, (conf, _, pred, true) in enumerate(wrong):
+        row, col = divmod(k, side)
+        ax.text(pad + col * (size + pad), pad + row * (size + pad) - pad * 0.15, f"{name(pred)} / {name(true)} ({conf:.0%})",
+                fontsize="small", va="bottom")
