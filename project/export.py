@@ -40,22 +40,25 @@ def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_ba
     example = inputs["random batch of 5"][:2]
 
     (out / "preprocessing.json").write_text(json.dumps(prep.to_json(), indent=2) + "\n")
-    onnx_path = _export_onnx(model, example, out / "model.onnx", opset)
+    # One torch.export trace serves both formats: model.pt2, and the ONNX conversion of the same program.
+    program_path, runner, program = _export_program(model, example, out)
+    onnx_path = _export_onnx(program if program is not None else model, example, out / "model.onnx", opset)
     _check("ONNX (onnxruntime)", _onnx_runner(onnx_path), model, inputs)
-    program_path, runner = _export_program(model, example, out)
     _check(program_path.name, runner, model, inputs)
     print(f"Exported to {out}/: {onnx_path.name}, {program_path.name}, preprocessing.json", flush=True)
     return out
 
 
-def _export_onnx(model: nn.Module, example: Tensor, path: Path, opset: int) -> Path:
+def _export_onnx(model, example: Tensor, path: Path, opset: int) -> Path:
+    """ONNX through the dynamo exporter (needs onnxscript), from an ExportedProgram or an nn.Module."""
     batch = torch.export.Dim("batch", min=1, max=4096)
+    dynamic = None if isinstance(model, torch.export.ExportedProgram) else {"x": {0: batch}}  # a program has its own
     try:
         torch.onnx.export(
             model, (example,), str(path), input_names=["images"], output_names=["logits"],
-            dynamic_shapes={"x": {0: batch}}, opset_version=opset, dynamo=True, external_data=False,
+            dynamic_shapes=dynamic, opset_version=opset, dynamo=True, external_data=False,
         )
-    except ImportError as err:  # the dynamo exporter needs onnxscript
+    except ImportError as err:
         raise ConfigError(f"ONNX export needs the export extras: pip install -e '.[export]' ({err}).") from err
     return path
 
@@ -75,14 +78,13 @@ def _export_program(model: nn.Module, example: Tensor, out: Path):
         program = torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}})
         path = out / "model.pt2"
         torch.export.save(program, path)
-        loaded = torch.export.load(path).module()
-        return path, loaded
+        return path, torch.export.load(path).module(), program
     except Exception as err:  # noqa: BLE001 - any tracing failure means: fall back
         print(f"torch.export failed ({type(err).__name__}: {err}); falling back to TorchScript.", flush=True)
         path = out / "model.ts"
         with torch.no_grad():
             torch.jit.save(torch.jit.trace(model, example), str(path))
-        return path, torch.jit.load(str(path))
+        return path, torch.jit.load(str(path)), None
 
 
 def _check(name: str, run, model: nn.Module, inputs: dict[str, Tensor]) -> None:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torchvision
-from lightning import Trainer
+from lightning import Callback, Trainer
 
 from project.data import ImageClassificationDataModule
 from project.errors import ConfigError
@@ -23,38 +23,55 @@ def weights_file(tmp_path_factory):
     return path
 
 
-def test_frozen_backbone_unchanged_head_trained(weights_file, tmp_path):
-    data = ImageClassificationDataModule(batch_size=32)
+class Snapshot(Callback):
+    """The model's state at the end of each training epoch."""
+
+    def __init__(self):
+        self.states = []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.states.append({k: v.clone() for k, v in pl_module.model.state_dict().items()})
+
+
+def test_frozen_backbone_unchanged_head_trained_then_unfrozen(weights_file, tmp_path):
+    data = ImageClassificationDataModule(batch_size=16)
     model = TorchvisionClassifier(NAME, num_classes=10, weights=str(weights_file), in_channels=1)
-    module = FinetuneModule(model, num_classes=10, input_shape=(1, 8, 8), lr=0.01, backbone_lr=0.001)
+    module = FinetuneModule(model, num_classes=10, input_shape=(1, 8, 8), lr=0.01, backbone_lr=0.001, unfreeze_epoch=1)
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
-    trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    snap = Snapshot()
+    trainer = Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=1, num_sanity_val_steps=0, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[snap], default_root_dir=tmp_path)
     trainer.fit(module, datamodule=data)
-    after = module.model.state_dict()
     pretrained = torch.load(weights_file, weights_only=True)
-    for key, value in after.items():
+    frozen, unfrozen = snap.states
+    for key, value in frozen.items():  # epoch 0: backbone frozen
         if key.startswith("net.fc."):
             assert not torch.equal(value, before[key]), f"head {key} did not train"
         else:  # weights and BatchNorm running statistics alike
             assert torch.equal(value, before[key]), f"frozen {key} changed"
             if not key.endswith("num_batches_tracked"):
                 assert torch.equal(value, pretrained[key.removeprefix("net.")]), key
-    lrs = {len(g["params"]): g["initial_lr"] for g in trainer.optimizers[0].param_groups}
-    assert sorted(set(lrs.values())) == [0.001, 0.01]  # backbone groups at backbone_lr, head groups at lr
+    stem = next(iter(pretrained))
+    assert not torch.equal(unfrozen[f"net.{stem}"], frozen[f"net.{stem}"])  # epoch 1: the backbone trains
+    bn_mean = next(k for k in frozen if k.endswith("running_mean"))
+    assert not torch.equal(unfrozen[bn_mean], frozen[bn_mean])  # ...and BatchNorm statistics update again
+    lrs = {g["initial_lr"] for g in trainer.optimizers[0].param_groups}
+    assert lrs == {0.001, 0.01}  # backbone groups at backbone_lr, head groups at lr
 
 
-def test_finetune_config_unfreezes(weights_file, in_tmp):
+def test_finetune_config(weights_file, in_tmp):
     args = ["--config", CONFIGS / "finetune.yaml", "--model.init_args.model.init_args.name", NAME,
-            "--model.init_args.model.init_args.weights", weights_file,
-            "--model.init_args.unfreeze_epoch", "1", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2",
-            "--trainer.limit_val_batches", "1", "--test_after_fit", "false", "--run_dir", in_tmp / "run", *QUIET]
+            "--model.init_args.model.init_args.weights", weights_file, "--trainer.max_epochs", "1",
+            "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "0",
+            "--data.init_args.batch_size", "16", "--test_after_fit", "false", "--run_dir", in_tmp / "run", *QUIET]
     assert run_cli("fit", *args) == 0
-    state = torch.load(in_tmp / "run/checkpoints/last.ckpt", weights_only=True)
+    ckpt = torch.load(in_tmp / "run/checkpoints/last.ckpt", weights_only=True)
     pretrained = torch.load(weights_file, weights_only=True)
-    first = next(iter(pretrained))  # the stem convolution: backbone
-    assert not torch.equal(state["state_dict"][f"model.net.{first}"], pretrained[first])  # trained after unfreezing
-    assert state["hyper_parameters"]["unfreeze_epoch"] == 1
+    stem = next(iter(pretrained))
+    assert torch.equal(ckpt["state_dict"][f"model.net.{stem}"], pretrained[stem])  # frozen for the first epochs
+    hp = ckpt["hyper_parameters"]
+    assert hp["_class_path"] == "project.finetune.FinetuneModule" and hp["freeze_backbone"] and hp["unfreeze_epoch"] == 3
 
 
 def test_missing_pretrained_weights_say_where_to_put_them(monkeypatch, tmp_path):
