@@ -5,7 +5,6 @@ confusion matrix with class names, and the most confidently wrong test images. m
 only, when a report is drawn, so that runs without this callback never pay for it.
 """
 
-import csv
 from pathlib import Path
 
 import lightning as L
@@ -29,7 +28,8 @@ class RunReport(Callback):
     def __init__(self, filename: str = "report.png", num_wrong: int = 16, dpi: int = 80) -> None:
         self.filename, self.num_wrong, self.dpi = filename, num_wrong, dpi
         self.epochs: dict[int, dict[str, float]] = {}  # epoch -> {"train/loss": ..., ...}
-        self.lrs: list[list[float]] = []  # one row per optimizer step: the lr of each parameter group
+        self.lrs: dict[int, list[float]] = {}  # global step -> the lr of each parameter group
+        self._restored: dict = {"epochs": {}, "lrs": {}}  # from a checkpoint: the part of the run before it
         self._reset_test()
 
     # -- collecting ----------------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ class RunReport(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.optimizers:  # plain floats from the optimizer: no device sync
-            self.lrs.append([g["lr"] for g in trainer.optimizers[0].param_groups])
+            self.lrs[trainer.global_step] = [g["lr"] for g in trainer.optimizers[0].param_groups]
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:  # runs after the module logged val/* for this epoch
@@ -79,16 +79,23 @@ class RunReport(Callback):
     def on_test_end(self, trainer, pl_module) -> None:
         self._draw(trainer)
 
+    # Saved in checkpoints, so that a resumed fit, or `python -m project test` alone, still draws the curves.
+    def state_dict(self) -> dict:
+        return {"epochs": {**self._restored["epochs"], **self.epochs}, "lrs": {**self._restored["lrs"], **self.lrs}}
+
+    def load_state_dict(self, state: dict) -> None:
+        # Kept apart: restoring the best checkpoint for the test after fit must not drop the later epochs.
+        self._restored = {"epochs": dict(state.get("epochs", {})), "lrs": dict(state.get("lrs", {}))}
+
     # -- drawing -------------------------------------------------------------------------------------------
     def _draw(self, trainer: "L.Trainer") -> None:
         if not trainer.is_global_zero or getattr(trainer, "fast_dev_run", False):
             return
         run_dir = Path(trainer.default_root_dir)
-        # Epochs this process did not see (`python -m project test` alone, or the part of a resumed run before
-        # the resume) come from the CSV log; epochs seen here win, the CSV may not be flushed yet.
-        epochs = {**_epochs_from_csv(run_dir / "metrics.csv"), **self.epochs}
+        history = self.state_dict()  # what this process saw wins over the restored part
+        lrs = [history["lrs"][step] for step in sorted(history["lrs"])]
         names = getattr(trainer.datamodule, "class_names", None)
-        image = render(epochs, self.lrs, self.confusion, self.wrong, names, self.dpi)
+        image = render(history["epochs"], lrs, self.confusion, self.wrong, names, self.dpi)
         run_dir.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
@@ -104,17 +111,6 @@ def _log_image(logger, image, step: int) -> None:
         logger.experiment.add_image("report", image, step, dataformats="HWC")
     elif isinstance(logger, WandbLogger):
         logger.log_image("report", [image], step=step)
-
-
-def _epochs_from_csv(path: Path) -> dict[int, dict[str, float]]:
-    epochs: dict[int, dict[str, float]] = {}
-    if path.is_file():
-        with path.open() as fh:
-            for row in csv.DictReader(fh):
-                for key in CURVES:
-                    if row.get(key) and row.get("epoch"):
-                        epochs.setdefault(int(row["epoch"]), {})[key] = float(row[key])
-    return epochs
 
 
 def render(epochs, lrs, confusion, wrong, class_names, dpi: int):
