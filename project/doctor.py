@@ -24,7 +24,9 @@ def load_config(args: list[str]) -> tuple[dict, list[str]]:
     while i < len(args):
         key, _, value = args[i].partition("=")
         if not key.startswith("--"):
-            raise SystemExit(f"doctor: unexpected argument '{args[i]}'; use --config FILE or --dotted.key VALUE.")
+            raise SystemExit(
+                f"doctor: unexpected argument '{args[i]}'; use --config FILE or --dotted.key VALUE."
+            )
         if not value:
             i, value = i + 1, args[i + 1] if i + 1 < len(args) else ""
         if key == "--config":
@@ -88,14 +90,20 @@ def check_data(data: dict) -> tuple[str, str | None]:
     if source == "digits":
         return "digits: embedded in scikit-learn, no files needed", None
     if root is None:
-        return f"{source}: no root", f"data source '{source}' needs a directory. fix: set --data.init_args.root DIR."
+        return (
+            f"{source}: no root",
+            f"data source '{source}' needs a directory. fix: set --data.init_args.root DIR.",
+        )
     if source == "imagefolder":
         from project.data import image_folder
 
         try:
             classes, (h, w) = image_folder.describe(root)
         except ConfigError as err:
-            return f"imagefolder at {root}: not usable", f"{err} fix: put the images there or point root elsewhere."
+            return (
+                f"imagefolder at {root}: not usable",
+                f"{err} fix: put the images there or point root elsewhere.",
+            )
         return f"imagefolder at {root}: {len(classes)} classes, first image {h}x{w}", None
     from project.data.torchvision_datasets import DATASETS
 
@@ -123,10 +131,15 @@ def doctor(args: list[str]) -> int:
     trainer, data = config.get("trainer", {}) or {}, config.get("data", {}) or {}
     say = print
     say(f"python        {platform.python_version()} ({sys.executable})")
-    say(f"torch         {torch.__version__}   lightning {lightning.__version__}   torchmetrics {torchmetrics.__version__}")
+    say(
+        f"torch         {torch.__version__}   lightning {lightning.__version__}   torchmetrics {torchmetrics.__version__}"
+    )
     driver, driver_cuda = _driver()
     say(f"CUDA build    {torch.version.cuda or 'no (CPU-only torch)'}")
-    say(f"CUDA driver   {driver or 'none found (no nvidia-smi)'}" + (f", supports CUDA <= {driver_cuda}" if driver_cuda else ""))
+    say(
+        f"CUDA driver   {driver or 'none found (no nvidia-smi)'}"
+        + (f", supports CUDA <= {driver_cuda}" if driver_cuda else "")
+    )
     available = torch.cuda.is_available()
     say(f"cuda.is_available  {available}")
     for i in range(torch.cuda.device_count() if available else 0):
@@ -134,14 +147,21 @@ def doctor(args: list[str]) -> int:
         say(f"  GPU {i}: {p.name}, {p.total_memory / 2**30:.1f} GiB, compute {p.major}.{p.minor}")
     if available:
         say(f"bf16          {torch.cuda.is_bf16_supported()}")
-    nccl, gloo = dist.is_available() and dist.is_nccl_available(), dist.is_available() and dist.is_gloo_available()
+    nccl, gloo = (
+        dist.is_available() and dist.is_nccl_available(),
+        dist.is_available() and dist.is_gloo_available(),
+    )
     say(f"distributed   NCCL {nccl}, gloo {gloo}")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     source = (data.get("init_args") or {}).get("source", "digits")
     configured = (data.get("init_args") or {}).get("num_workers")
     procs = torch.cuda.device_count() if available else 1
     # In-memory sources (everything but imagefolder) load with 0 workers; see default_num_workers.
-    workers = configured if configured is not None else (default_num_workers(object(), procs) if source == "imagefolder" else 0)
+    workers = (
+        configured
+        if configured is not None
+        else (default_num_workers(object(), procs) if source == "imagefolder" else 0)
+    )
     say(f"CPUs          {cpus} usable; data loader workers per process: {workers}")
     run_dir = Path(config.get("run_dir") or "runs")
     say(f"run dir       {run_dir.resolve()} ({'writable' if _writable(run_dir) else 'NOT writable'})")
@@ -150,23 +170,41 @@ def doctor(args: list[str]) -> int:
     say("")
 
     accel = str(trainer.get("accelerator", "auto"))
-    if torch.version.cuda and driver_cuda and _version_tuple(driver_cuda) < _version_tuple(torch.version.cuda):
-        notes.append(f"the driver supports CUDA {driver_cuda} but torch was built for {torch.version.cuda}. "
-                     "fix: update the NVIDIA driver, or install a torch build for CUDA <= the driver's.")
+    if (
+        torch.version.cuda
+        and driver_cuda
+        and _version_tuple(driver_cuda) < _version_tuple(torch.version.cuda)
+    ):
+        notes.append(
+            f"the driver supports CUDA {driver_cuda} but torch was built for {torch.version.cuda}. "
+            "fix: update the NVIDIA driver, or install a torch build for CUDA <= the driver's."
+        )
     if accel in ("gpu", "cuda") and not available:
-        blocking.append(f"trainer.accelerator is '{accel}' but no CUDA GPU is usable. "
-                        "fix: --trainer.accelerator auto (falls back to CPU), or install a CUDA build of torch.")
+        blocking.append(
+            f"trainer.accelerator is '{accel}' but no CUDA GPU is usable. "
+            "fix: --trainer.accelerator auto (falls back to CPU), or install a CUDA build of torch."
+        )
     elif not available:
-        why = "CPU-only torch" if not torch.version.cuda else "no NVIDIA driver" if driver is None else "no GPU visible"
+        why = (
+            "CPU-only torch"
+            if not torch.version.cuda
+            else "no NVIDIA driver"
+            if driver is None
+            else "no GPU visible"
+        )
         say(f"ok: no CUDA GPU ({why}); training runs on the CPU (fine for the default digits run).")
     else:
         say(f"ok: {torch.cuda.device_count()} CUDA GPU(s) usable.")
     if available and torch.cuda.device_count() > 1 and not nccl:
-        notes.append("several GPUs but no NCCL: DDP would be slow or fail. fix: install a CUDA torch build with NCCL.")
+        notes.append(
+            "several GPUs but no NCCL: DDP would be slow or fail. fix: install a CUDA torch build with NCCL."
+        )
     if _writable(run_dir):
         say(f"ok: run directory {run_dir} is writable.")
     else:
-        blocking.append(f"cannot write '{run_dir}'. fix: make it writable, or pass --run_dir to a writable place.")
+        blocking.append(
+            f"cannot write '{run_dir}'. fix: make it writable, or pass --run_dir to a writable place."
+        )
     if data_problem:
         blocking.append(data_problem)
     else:
@@ -175,7 +213,11 @@ def doctor(args: list[str]) -> int:
         say(f"problem (training still starts): {text}")
     for text in blocking:
         say(f"problem: {text}")
-    say("doctor: ready for `make train`." if not blocking else f"doctor: {len(blocking)} problem(s) would stop `make train`.")
+    say(
+        "doctor: ready for `make train`."
+        if not blocking
+        else f"doctor: {len(blocking)} problem(s) would stop `make train`."
+    )
     return 1 if blocking else 0
 
 

@@ -30,7 +30,11 @@ def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_ba
     # The bare nn.Module, in eval mode: dropout off and BatchNorm on running statistics in the exported graph.
     model = build_model(checkpoint, ckpt_path).model.eval()
     ckpt = Path(ckpt_path)
-    out = Path(out_dir) if out_dir else (ckpt.parent.parent if ckpt.parent.name == "checkpoints" else Path(".")) / "export"
+    out = (
+        Path(out_dir)
+        if out_dir
+        else (ckpt.parent.parent if ckpt.parent.name == "checkpoints" else Path(".")) / "export"
+    )
     out.mkdir(parents=True, exist_ok=True)
 
     gen = torch.Generator().manual_seed(0)
@@ -52,14 +56,25 @@ def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_ba
 def _export_onnx(model, example: Tensor, path: Path, opset: int) -> Path:
     """ONNX through the dynamo exporter (needs onnxscript), from an ExportedProgram or an nn.Module."""
     batch = torch.export.Dim("batch", min=1, max=4096)
-    dynamic = None if isinstance(model, torch.export.ExportedProgram) else {"x": {0: batch}}  # a program has its own
+    dynamic = (
+        None if isinstance(model, torch.export.ExportedProgram) else {"x": {0: batch}}
+    )  # a program has its own
     try:
         torch.onnx.export(
-            model, (example,), str(path), input_names=["images"], output_names=["logits"],
-            dynamic_shapes=dynamic, opset_version=opset, dynamo=True, external_data=False,
+            model,
+            (example,),
+            str(path),
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_shapes=dynamic,
+            opset_version=opset,
+            dynamo=True,
+            external_data=False,
         )
     except ImportError as err:
-        raise ConfigError(f"ONNX export needs the export extras: pip install -e '.[export]' ({err}).") from err
+        raise ConfigError(
+            f"ONNX export needs the export extras: pip install -e '.[export]' ({err})."
+        ) from err
     return path
 
 

@@ -65,7 +65,9 @@ class FinetuneModule(ClassificationModule):
     def train(self, mode: bool = True):
         super().train(mode)
         if mode and self.backbone_frozen:
-            for norm in self._backbone_norms:  # eval mode: normalise with, and do not update, the running stats
+            for (
+                norm
+            ) in self._backbone_norms:  # eval mode: normalise with, and do not update, the running stats
                 norm.eval()
         return self
 
@@ -82,7 +84,10 @@ class FinetuneModule(ClassificationModule):
         # Frozen parameters are in the optimizer from the start: AdamW skips parameters without a gradient,
         # so they stay untouched (no weight decay either) until unfrozen; no optimizer surgery needed later.
         groups = []
-        for params, lr in ((self.backbone_parameters(), self._backbone_lr()), (self.head_parameters(), self.hparams.lr)):
+        for params, lr in (
+            (self.backbone_parameters(), self._backbone_lr()),
+            (self.head_parameters(), self.hparams.lr),
+        ):
             decay = [p for p in params if p.ndim > 1]  # biases and norm scales (1-D) are not decayed
             no_decay = [p for p in params if p.ndim <= 1]
             groups += [

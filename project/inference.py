@@ -27,7 +27,9 @@ class Preprocessing:
         """The evaluation transform of training: to float in [0, 1], resize to (H, W), normalise."""
         from project.data.transforms import build_transform
 
-        return build_transform("none", self.mean, self.std, train=False, augment=False, size=self.input_shape[1:])
+        return build_transform(
+            "none", self.mean, self.std, train=False, augment=False, size=self.input_shape[1:]
+        )
 
     def to_json(self) -> dict:
         return {

@@ -35,11 +35,15 @@ def predict(
     """
     source = Path(input)
     if not source.exists():
-        raise ConfigError(f"--input '{input}' does not exist. Pass an image file or a folder of images (INPUT=...).")
+        raise ConfigError(
+            f"--input '{input}' does not exist. Pass an image file or a folder of images (INPUT=...)."
+        )
     files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
     checkpoint = load_checkpoint(ckpt_path)
     prep = preprocessing_of(checkpoint, ckpt_path)
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    )
     model = build_model(checkpoint, ckpt_path).to(dev)
     transform, mode = prep.transform(), "L" if prep.input_shape[0] == 1 else "RGB"
     k = max(1, min(top_k, len(prep.class_names)))
@@ -54,7 +58,11 @@ def predict(
                 with Image.open(f) as im:
                     batch.append(transform(im.convert(mode)))
                 paths.append(f)
-            except (UnidentifiedImageError, OSError, ValueError) as err:  # not an image, truncated, unreadable
+            except (
+                UnidentifiedImageError,
+                OSError,
+                ValueError,
+            ) as err:  # not an image, truncated, unreadable
                 skipped.append((f, f"{type(err).__name__}: {err}"))
         if not batch:
             continue
@@ -75,7 +83,9 @@ def predict(
         for f, why in skipped:
             print(f"  {f}  ({why})", file=sys.stderr)
     if not rows:
-        raise ConfigError(f"No readable image under '{input}'; nothing was predicted. Point INPUT at image files.")
+        raise ConfigError(
+            f"No readable image under '{input}'; nothing was predicted. Point INPUT at image files."
+        )
     return out
 
 

@@ -5,9 +5,23 @@ import pytest
 from tests.conftest import CONFIGS, QUIET, read_summary, run_cli
 
 # A few batches are enough to exercise each preset; validation every epoch keeps ModelCheckpoint's monitor fed.
-SHORT = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1",
-         "--trainer.check_val_every_n_epoch", "1", "--trainer.num_sanity_val_steps", "0", "--test_after_fit", "false",
-         "--data.init_args.batch_size", "16", *QUIET]
+SHORT = [
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.limit_train_batches",
+    "3",
+    "--trainer.limit_val_batches",
+    "1",
+    "--trainer.check_val_every_n_epoch",
+    "1",
+    "--trainer.num_sanity_val_steps",
+    "0",
+    "--test_after_fit",
+    "false",
+    "--data.init_args.batch_size",
+    "16",
+    *QUIET,
+]
 PRESETS = ["profiler", "profiler_pytorch", "overfit_batches", "detect_anomaly"]
 
 

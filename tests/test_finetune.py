@@ -36,12 +36,23 @@ class Snapshot(Callback):
 def test_frozen_backbone_unchanged_head_trained_then_unfrozen(weights_file, tmp_path):
     data = ImageClassificationDataModule(batch_size=16)
     model = TorchvisionClassifier(NAME, num_classes=10, weights=str(weights_file), in_channels=1)
-    module = FinetuneModule(model, num_classes=10, input_shape=(1, 8, 8), lr=0.01, backbone_lr=0.001, unfreeze_epoch=1)
+    module = FinetuneModule(
+        model, num_classes=10, input_shape=(1, 8, 8), lr=0.01, backbone_lr=0.001, unfreeze_epoch=1
+    )
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
     snap = Snapshot()
-    trainer = Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=1, num_sanity_val_steps=0, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=[snap], default_root_dir=tmp_path)
+    trainer = Trainer(
+        max_epochs=2,
+        limit_train_batches=3,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[snap],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(module, datamodule=data)
     pretrained = torch.load(weights_file, weights_only=True)
     frozen, unfrozen = snap.states
@@ -61,17 +72,42 @@ def test_frozen_backbone_unchanged_head_trained_then_unfrozen(weights_file, tmp_
 
 
 def test_finetune_config(weights_file, in_tmp):
-    args = ["--config", CONFIGS / "finetune.yaml", "--model.init_args.model.init_args.name", NAME,
-            "--model.init_args.model.init_args.weights", weights_file, "--trainer.max_epochs", "1",
-            "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "0",
-            "--data.init_args.batch_size", "16", "--test_after_fit", "false", "--run_dir", in_tmp / "run", *QUIET]
+    args = [
+        "--config",
+        CONFIGS / "finetune.yaml",
+        "--model.init_args.model.init_args.name",
+        NAME,
+        "--model.init_args.model.init_args.weights",
+        weights_file,
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--data.init_args.batch_size",
+        "16",
+        "--test_after_fit",
+        "false",
+        "--run_dir",
+        in_tmp / "run",
+        *QUIET,
+    ]
     assert run_cli("fit", *args) == 0
     ckpt = torch.load(in_tmp / "run/checkpoints/last.ckpt", weights_only=True)
     pretrained = torch.load(weights_file, weights_only=True)
     stem = next(iter(pretrained))
-    assert torch.equal(ckpt["state_dict"][f"model.net.{stem}"], pretrained[stem])  # frozen for the first epochs
+    assert torch.equal(
+        ckpt["state_dict"][f"model.net.{stem}"], pretrained[stem]
+    )  # frozen for the first epochs
     hp = ckpt["hyper_parameters"]
-    assert hp["_class_path"] == "project.finetune.FinetuneModule" and hp["freeze_backbone"] and hp["unfreeze_epoch"] == 3
+    assert (
+        hp["_class_path"] == "project.finetune.FinetuneModule"
+        and hp["freeze_backbone"]
+        and hp["unfreeze_epoch"] == 3
+    )
 
 
 def test_missing_pretrained_weights_say_where_to_put_them(monkeypatch, tmp_path):
@@ -83,5 +119,7 @@ def test_missing_pretrained_weights_say_where_to_put_them(monkeypatch, tmp_path)
         raise URLError("no network")
 
     monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
-    with pytest.raises(ConfigError, match=rf"put it at {tmp_path}/hub/checkpoints/shufflenetv2_x0.5-\w+\.pth"):
+    with pytest.raises(
+        ConfigError, match=rf"put it at {tmp_path}/hub/checkpoints/shufflenetv2_x0.5-\w+\.pth"
+    ):
         TorchvisionClassifier(NAME, num_classes=10, weights="DEFAULT")

@@ -77,7 +77,9 @@ def test_no_secret_in_run_files(run_dir):
 
 
 def test_redact_hides_secret_keys():
-    cfg = Namespace(logger=[Namespace(class_path="x.NeptuneLogger", init_args=Namespace(api_key="abc", project="p"))])
+    cfg = Namespace(
+        logger=[Namespace(class_path="x.NeptuneLogger", init_args=Namespace(api_key="abc", project="p"))]
+    )
     out = redact(cfg)
     assert out.logger[0].init_args.api_key == REDACTED and out.logger[0].init_args.project == "p"
     assert cfg.logger[0].init_args.api_key == "abc"  # the original is untouched
@@ -91,7 +93,9 @@ def test_wandb_offline_without_key_and_same_id_on_reuse(tmp_path, monkeypatch, c
     args = Namespace(offline=False, id=None, version=None)
     configure_wandb(args, tmp_path / "run")
     assert args.offline is True and "wandb sync" in capsys.readouterr().err
-    assert args.id == wandb_run_id(tmp_path / "run") != wandb_run_id(tmp_path / "other")  # resume reuses the id
+    assert (
+        args.id == wandb_run_id(tmp_path / "run") != wandb_run_id(tmp_path / "other")
+    )  # resume reuses the id
     (tmp_path / "netrc").write_text("machine api.wandb.ai login user password k3y\n")
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     assert wandb_key_configured()

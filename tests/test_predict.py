@@ -35,7 +35,9 @@ def test_predict_folder(run_dir, images, tmp_path, capsys):
     ckpt = run_dir / "checkpoints/last.ckpt"
     assert run_cli("predict", "--ckpt_path", ckpt, "--input", images, "--output", out, "--top_k", "3") == 0
     rows = list(csv.DictReader(out.open()))
-    assert len(rows) == 6 and {r["path"].rsplit("/", 1)[1] for r in rows} == {f"digit{i}.png" for i in range(6)}
+    assert len(rows) == 6 and {r["path"].rsplit("/", 1)[1] for r in rows} == {
+        f"digit{i}.png" for i in range(6)
+    }
     for r in rows:
         assert r["class"] in [str(d) for d in range(10)]  # the class names saved at training
         top = [pair.split(":") for pair in r["top3"].split(";")]
@@ -46,7 +48,10 @@ def test_predict_folder(run_dir, images, tmp_path, capsys):
 
 
 def test_predict_single_file_default_output(run_dir, images):
-    assert run_cli("predict", "--ckpt_path", run_dir / "checkpoints/last.ckpt", "--input", images / "digit0.png") == 0
+    assert (
+        run_cli("predict", "--ckpt_path", run_dir / "checkpoints/last.ckpt", "--input", images / "digit0.png")
+        == 0
+    )
     rows = list(csv.DictReader((run_dir / "predictions.csv").open()))
     assert len(rows) == 1 and rows[0]["path"].endswith("digit0.png")
 
@@ -54,4 +59,7 @@ def test_predict_single_file_default_output(run_dir, images):
 def test_predict_errors_name_the_fix(run_dir, tmp_path, capsys):
     assert run_cli("predict", "--ckpt_path", tmp_path / "nope.ckpt", "--input", tmp_path) == 2
     assert "CKPT=runs/<run>/checkpoints/last.ckpt" in capsys.readouterr().err
-    assert run_cli("predict", "--ckpt_path", run_dir / "checkpoints/last.ckpt", "--input", tmp_path / "missing") == 2
+    assert (
+        run_cli("predict", "--ckpt_path", run_dir / "checkpoints/last.ckpt", "--input", tmp_path / "missing")
+        == 2
+    )

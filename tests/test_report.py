@@ -26,7 +26,9 @@ def test_report_png(run_dir):
 def test_report_works_without_test_results():
     from project.callbacks.report import render
 
-    image = render({0: {"train/loss": 2.0, "val/loss": 1.9}, 1: {"train/loss": 1.5}}, [[0.1], [0.2]], None, [], None, 50)
+    image = render(
+        {0: {"train/loss": 2.0, "val/loss": 1.9}, 1: {"train/loss": 1.5}}, [[0.1], [0.2]], None, [], None, 50
+    )
     assert image.shape == (500, 750, 3) and image.std() > 5
 
 
@@ -34,7 +36,9 @@ def test_report_history_survives_checkpoint_restore():
     from project.callbacks.report import RunReport
 
     resumed = RunReport()  # a resumed fit: the checkpoint holds epochs 0-1, this process adds epoch 2
-    resumed.load_state_dict({"epochs": {0: {"val/acc": 0.1}, 1: {"val/acc": 0.2}}, "lrs": {0: [1e-3], 5: [2e-3]}})
+    resumed.load_state_dict(
+        {"epochs": {0: {"val/acc": 0.1}, 1: {"val/acc": 0.2}}, "lrs": {0: [1e-3], 5: [2e-3]}}
+    )
     resumed.epochs[2], resumed.lrs[10] = {"val/acc": 0.3}, [1e-4]
     state = resumed.state_dict()
     assert sorted(state["epochs"]) == [0, 1, 2] and sorted(state["lrs"]) == [0, 5, 10]

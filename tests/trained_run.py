@@ -24,8 +24,14 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # keep ~ clean
                 mp.setenv(var, str(root / "wandb-home"))
             code = run_cli(
-                "fit", "--config", CONFIGS / "debug/limit_batches.yaml", "--config", CONFIGS / "logger/wandb.yaml",
-                *QUIET, "--run_dir", root / "run",
+                "fit",
+                "--config",
+                CONFIGS / "debug/limit_batches.yaml",
+                "--config",
+                CONFIGS / "logger/wandb.yaml",
+                *QUIET,
+                "--run_dir",
+                root / "run",
             )
         assert code == 0
         _runs["run"] = root / "run"

@@ -63,7 +63,9 @@ class RunReport(Callback):
         self._reset_test()
         self.confusion = MulticlassConfusionMatrix(num_classes=pl_module.num_classes)
 
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_test_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         x, y = batch
         if not (isinstance(outputs, Tensor) and outputs.shape == (len(y), pl_module.num_classes)):
             with torch.no_grad():  # test_step returned no logits: compute them
@@ -81,7 +83,10 @@ class RunReport(Callback):
 
     # Saved in checkpoints, so that a resumed fit, or `python -m project test` alone, still draws the curves.
     def state_dict(self) -> dict:
-        return {"epochs": {**self._restored["epochs"], **self.epochs}, "lrs": {**self._restored["lrs"], **self.lrs}}
+        return {
+            "epochs": {**self._restored["epochs"], **self.epochs},
+            "lrs": {**self._restored["lrs"], **self.lrs},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         # Kept apart: restoring the best checkpoint for the test after fit must not drop the later epochs.
@@ -152,10 +157,20 @@ def render(epochs, lrs, confusion, wrong, class_names, dpi: int):
         if n <= 15:
             for i in range(n):
                 for j in range(n):
-                    ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize="x-small",
-                            color="white" if cm[i, j] > cm.max() / 2 else "black")
-        ax.set(title=f"test confusion matrix (accuracy {np.trace(cm) / max(1, cm.sum()):.1%})",
-               xlabel="predicted", ylabel="true")
+                    ax.text(
+                        j,
+                        i,
+                        int(cm[i, j]),
+                        ha="center",
+                        va="center",
+                        fontsize="x-small",
+                        color="white" if cm[i, j] > cm.max() / 2 else "black",
+                    )
+        ax.set(
+            title=f"test confusion matrix (accuracy {np.trace(cm) / max(1, cm.sum()):.1%})",
+            xlabel="predicted",
+            ylabel="true",
+        )
     else:
         ax.set_axis_off()
         ax.text(0.5, 0.5, "confusion matrix: after test", ha="center")
@@ -170,7 +185,11 @@ def _wrong_grid(ax, wrong, class_names) -> None:
     from torchvision.utils import make_grid
 
     ax.set_axis_off()
-    ax.set_title("most confidently wrong test images: predicted / true (confidence)" if wrong else "no wrong test images")
+    ax.set_title(
+        "most confidently wrong test images: predicted / true (confidence)"
+        if wrong
+        else "no wrong test images"
+    )
     if not wrong:
         return
     side = max(1, int(len(wrong) ** 0.5 + 0.999))
@@ -186,5 +205,10 @@ def _wrong_grid(ax, wrong, class_names) -> None:
     name = (lambda i: class_names[i]) if class_names else str
     for k, (conf, _, pred, true) in enumerate(wrong):
         row, col = divmod(k, side)
-        ax.text(pad + col * (size + pad), pad + row * (size + pad) - pad * 0.15, f"{name(pred)} / {name(true)} ({conf:.0%})",
-                fontsize="small", va="bottom")
+        ax.text(
+            pad + col * (size + pad),
+            pad + row * (size + pad) - pad * 0.15,
+            f"{name(pred)} / {name(true)} ({conf:.0%})",
+            fontsize="small",
+            va="bottom",
+        )
