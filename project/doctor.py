@@ -165,6 +165,14 @@ def doctor(args: list[str]) -> int:
     say(f"CPUs          {cpus} usable; data loader workers per process: {workers}")
     run_dir = Path(config.get("run_dir") or "runs")
     say(f"run dir       {run_dir.resolve()} ({'writable' if _writable(run_dir) else 'NOT writable'})")
+    loggers = trainer.get("logger") if isinstance(trainer.get("logger"), list) else []
+    if any(str(lg.get("class_path", "")).endswith("WandbLogger") for lg in loggers if isinstance(lg, dict)):
+        from project.loggers import wandb_key_configured
+
+        mode = os.environ.get("WANDB_MODE") or (
+            "online" if wandb_key_configured() else "offline (no API key)"
+        )
+        say(f"W&B           {mode}")
     data_text, data_problem = check_data(data)
     say(f"data          {data_text}")
     say("")
