@@ -39,9 +39,11 @@ def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_ba
 
     gen = torch.Generator().manual_seed(0)
     inputs = {"random batch of 1": torch.randn(1, *prep.input_shape, generator=gen)}
-    inputs["random batch of 5"] = torch.randn(5, *prep.input_shape, generator=gen)  # a size not traced with
+    inputs["random batch of 5"] = torch.randn(5, *prep.input_shape, generator=gen)
     inputs.update(_real_batches(checkpoint, check_batches))
-    example = inputs["random batch of 5"][:2]
+    example = inputs["random batch of 5"][
+        :2
+    ]  # traced with batch 2; checked with 1, 5 and 64: the axis is dynamic
 
     (out / "preprocessing.json").write_text(json.dumps(prep.to_json(), indent=2) + "\n")
     # One torch.export trace serves both formats: model.pt2, and the ONNX conversion of the same program.
@@ -56,9 +58,8 @@ def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_ba
 def _export_onnx(model, example: Tensor, path: Path, opset: int) -> Path:
     """ONNX through the dynamo exporter (needs onnxscript), from an ExportedProgram or an nn.Module."""
     batch = torch.export.Dim("batch", min=1, max=4096)
-    dynamic = (
-        None if isinstance(model, torch.export.ExportedProgram) else {"x": {0: batch}}
-    )  # a program has its own
+    # An ExportedProgram carries its dynamic batch already; a module gets it here (by position: any arg name).
+    dynamic = None if isinstance(model, torch.export.ExportedProgram) else ({0: batch},)
     try:
         torch.onnx.export(
             model,
@@ -90,7 +91,7 @@ def _export_program(model: nn.Module, example: Tensor, out: Path):
     """torch.export with a dynamic batch; TorchScript tracing when torch.export fails on this model."""
     batch = torch.export.Dim("batch", min=1, max=4096)
     try:
-        program = torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}})
+        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
         path = out / "model.pt2"
         torch.export.save(program, path)
         return path, torch.export.load(path).module(), program
