@@ -57,11 +57,13 @@ class RunReport(Callback):
 
     def _reset_test(self) -> None:
         self.confusion: MulticlassConfusionMatrix | None = None
+        self.matrix: Tensor | None = None  # the computed (num_classes, num_classes) test confusion matrix
         self.wrong: list[tuple[float, Tensor, int, int]] = []  # (confidence, image, predicted, true)
 
     def on_test_start(self, trainer, pl_module) -> None:
         self._reset_test()
-        self.confusion = MulticlassConfusionMatrix(num_classes=pl_module.num_classes)
+        # On the module's device: under DDP, compute() then gathers every rank's share of the test set.
+        self.confusion = MulticlassConfusionMatrix(num_classes=pl_module.num_classes).to(pl_module.device)
 
     def on_test_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
@@ -70,15 +72,16 @@ class RunReport(Callback):
         if not (isinstance(outputs, Tensor) and outputs.shape == (len(y), pl_module.num_classes)):
             with torch.no_grad():  # test_step returned no logits: compute them
                 outputs = pl_module(x)
-        probs = outputs.detach().float().softmax(dim=-1).cpu()
-        conf, pred = probs.max(dim=-1)
-        y = y.cpu()
+        conf, pred = outputs.detach().float().softmax(dim=-1).max(dim=-1)
         self.confusion.update(pred, y)
+        conf, pred, y = conf.cpu(), pred.cpu(), y.cpu()  # the wrong examples kept here are this rank's only
         for i in torch.nonzero(pred != y).flatten().tolist():
             self.wrong.append((float(conf[i]), x[i].detach().float().cpu(), int(pred[i]), int(y[i])))
         self.wrong = sorted(self.wrong, key=lambda w: -w[0])[: self.num_wrong]
 
     def on_test_end(self, trainer, pl_module) -> None:
+        if self.confusion is not None and self.confusion.update_called:
+            self.matrix = self.confusion.compute().cpu()  # on every rank: the DDP sync needs them all
         self._draw(trainer)
 
     # Saved in checkpoints, so that a resumed fit, or `python -m project test` alone, still draws the curves.
@@ -100,7 +103,7 @@ class RunReport(Callback):
         history = self.state_dict()  # what this process saw wins over the restored part
         lrs = [history["lrs"][step] for step in sorted(history["lrs"])]
         names = getattr(trainer.datamodule, "class_names", None)
-        image = render(history["epochs"], lrs, self.confusion, self.wrong, names, self.dpi)
+        image = render(history["epochs"], lrs, self.matrix, self.wrong, names, self.dpi)
         run_dir.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
@@ -119,7 +122,7 @@ def _log_image(logger, image, step: int) -> None:
 
 
 def render(epochs, lrs, confusion, wrong, class_names, dpi: int):
-    """The report as an (H, W, 3) uint8 array."""
+    """The report as an (H, W, 3) uint8 array; confusion is a (num_classes, num_classes) tensor or None."""
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -146,8 +149,8 @@ def render(epochs, lrs, confusion, wrong, class_names, dpi: int):
     ax_lr.set(title="learning rate per step", xlabel="step")
 
     ax, ax_wrong = bottom.subplots(1, 2)
-    if confusion is not None and confusion.update_called:
-        cm = confusion.compute().numpy()
+    if confusion is not None:
+        cm = confusion.numpy()
         n = cm.shape[0]
         names = class_names if class_names and len(class_names) == n else [str(i) for i in range(n)]
         ax.imshow(cm, cmap="Blues")
