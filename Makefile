@@ -3,6 +3,9 @@
 #   make train ARGS="--trainer.max_epochs 3"
 #   make train-ddp             the same with DDP: every GPU, or NPROC=2 CPU processes (gloo) without a GPU
 #   make test                  the whole test suite
+#   make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/
+#   make export CKPT=runs/<run>/checkpoints/last.ckpt
+#   make doctor                is this machine ready to train?
 # The environment: the active virtualenv or conda env if there is one, else ./.venv (created here).
 # Packages are (re)installed only when pyproject.toml or scripts/constraints.txt changed.
 
@@ -24,7 +27,7 @@ endif
 PY    := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.project-installed
 
-.PHONY: help install train train-ddp test lint format clean distclean lock
+.PHONY: help install train train-ddp test lint format clean distclean lock predict export doctor
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -45,6 +48,15 @@ train: $(STAMP)  ## train $(CONFIG) (extra flags: ARGS="..."), then test the bes
 
 train-ddp: $(STAMP)  ## train with DDP on NPROC devices x NODES nodes (multi-node: see scripts/torchrun.sh)
 	$(PY) -m project fit --config $(CONFIG) --config configs/ddp.yaml --trainer.devices $(NPROC) --trainer.num_nodes $(NODES) $(ARGS)
+
+predict: $(STAMP)  ## classify INPUT=<image or folder> with CKPT=<checkpoint>; writes a CSV
+	$(PY) -m project predict --ckpt_path "$(CKPT)" --input "$(INPUT)" $(ARGS)
+
+export: $(STAMP)  ## export CKPT=<checkpoint> to ONNX + torch.export, checked against PyTorch
+	$(PY) -m project export --ckpt_path "$(CKPT)" $(ARGS)
+
+doctor: $(STAMP)  ## check the machine and the config before training (CONFIG, ARGS as for train)
+	$(PY) -m project doctor --config $(CONFIG) $(ARGS)
 
 test: $(STAMP)  ## run the test suite (extra pytest flags: ARGS="...")
 	$(PY) -m pytest $(ARGS)

@@ -1,4 +1,4 @@
-"""`python -m project {fit,validate,test,predict}`: LightningCLI with run directories and argument links."""
+"""`python -m project {fit,validate,test,predict,export,doctor}`: LightningCLI with run directories and argument links."""
 
 import os
 import sys
@@ -9,6 +9,7 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
 
+from project.callbacks.log_config import LogConfig
 from project.data import ImageClassificationDataModule
 from project.distributed import (
     describe_world,
@@ -19,6 +20,7 @@ from project.distributed import (
     share_cpu_threads,
 )
 from project.errors import ConfigError
+from project.loggers import configure_loggers
 from project.module import ClassificationModule
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -64,6 +66,8 @@ class ProjectCLI(LightningCLI):
         os.environ[RUN_DIR_ENV] = str(run_dir)
         trainer = config.trainer
         trainer.default_root_dir = str(run_dir)
+        if isinstance(trainer.logger, list):  # overlays append loggers (configs/logger/); see project/loggers.py
+            trainer.logger = configure_loggers(trainer.logger, run_dir)
         for logger in trainer.logger if isinstance(trainer.logger, list) else []:
             if "save_dir" in logger.init_args:
                 logger.init_args.save_dir = str(run_dir)
@@ -157,35 +161,29 @@ def print_summary(run_dir: Path) -> None:
 
 def condense_parse_error(message: str) -> str:
     """jsonargparse explains a bad key with every Union alternative it tried; keep the lines that matter."""
-    noise = (
-        "Does not validate against any of the Union",
-        "Subtypes:",
-        "Errors:",
-        "NoneType",
-        "Given value type:",
-    )
-    lines = [
-        line.strip(" -")
-        for line in message.splitlines()
-        if line.strip() and not any(n in line for n in noise)
-    ]
+    noise = ("Does not validate against any of the Union", "Subtypes:", "Errors:", "NoneType", "Given value type:")
+    lines = [line.strip(" -") for line in message.splitlines() if line.strip() and not any(n in line for n in noise)]
     return "\n  ".join(lines)
+
+
+# Tools that run without a Trainer (issue #6): `predict` replaces LightningCLI's, which would need a predict
+# dataloader; each takes its own flags (`python -m project export --help`). Imported only when used.
+TOOLS = {"predict": "project.predict", "export": "project.export", "doctor": "project.doctor"}
 
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> ProjectCLI:
     """The CLI with this project's defaults; `run=False` parses and instantiates without running."""
     default_config = {"default_config_files": [str(CONFIG_DIR / "default.yaml")], "exit_on_error": False}
-    subcommands = ("fit", "validate", "test", "predict")
+    subcommands = ("fit", "validate", "test")
     return ProjectCLI(
         ClassificationModule,
         ImageClassificationDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        save_config_callback=LogConfig,  # config.yaml without secrets, config + sizes logged as hparams
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites config.yaml in place
         # Parse errors are raised (not printed after 60 lines of usage) and shortened in main().
-        parser_kwargs={"exit_on_error": False, **{s: default_config for s in subcommands}}
-        if run
-        else default_config,
+        parser_kwargs={"exit_on_error": False, **{s: default_config for s in subcommands}} if run else default_config,
         args=args,
         run=run,
     )
@@ -193,14 +191,19 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> ProjectCLI:
 
 def main(args: list[str] | None = None) -> None:
     inherited_run_dir = os.environ.get(RUN_DIR_ENV)
+    argv = sys.argv[1:] if args is None else list(args)
     quiet_non_zero_ranks()  # DDP: rank 0 speaks for the run
     try:
+        if argv and argv[0] in TOOLS:
+            import importlib
+
+            importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
+            return
         build_cli(args)
     except ArgumentError as err:
-        command = " ".join(sys.argv[1:2]) if args is None else " ".join(args[:1])
         print(
             f"\nerror: invalid arguments or config: {condense_parse_error(str(err))}\n"
-            f"The accepted keys and their types: python -m project {command or 'fit'} --help\n",
+            f"The accepted keys and their types: python -m project {(argv or ['fit'])[0]} --help\n",
             file=sys.stderr,
             flush=True,
         )
@@ -211,3 +214,6 @@ def main(args: list[str] | None = None) -> None:
     finally:  # a second run in this process (a notebook, a test) must get its own run directory
         if inherited_run_dir is None:
             os.environ.pop(RUN_DIR_ENV, None)
+        # ...and its own W&B run: WandbLogger would otherwise attach to the run still open (and flushed only at exit).
+        if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+            sys.modules["wandb"].finish()

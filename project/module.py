@@ -108,12 +108,13 @@ class ClassificationModule(L.LightningModule):
             # Same value on every rank (from synced val/acc); sync_dist only silences the DDP warning.
             self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss, logits, y = self._shared_step(batch)
         self.test_loss.update(loss, weight=y.numel())
         self.test_acc.update(logits, y)
         if self.top5:
             self.test_acc5.update(logits, y)
+        return logits  # for callbacks: RunReport's confusion matrix and wrong examples reuse them
 
     def on_test_epoch_end(self) -> None:
         metrics = {"test/loss": self.test_loss, "test/acc": self.test_acc}
@@ -125,18 +126,21 @@ class ClassificationModule(L.LightningModule):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x).float().softmax(dim=-1)
 
-    def configure_optimizers(self):
+    def param_groups(self) -> list[dict]:
+        """AdamW parameter groups (project/finetune.py overrides this to give the backbone its own LR)."""
         decay, no_decay = [], []
         for p in self.model.parameters():
             if p.requires_grad:
                 # Biases and norm scales are 1-D: decaying them only hurts.
                 (decay if p.ndim > 1 else no_decay).append(p)
-        groups = [
+        return [
             {"params": decay, "weight_decay": self.hparams.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
+
+    def configure_optimizers(self):
         world_size = self._trainer.world_size if self._trainer is not None else 1
-        optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr(world_size), betas=self.hparams.betas)
+        optimizer = torch.optim.AdamW(self.param_groups(), lr=self.scaled_lr(world_size), betas=self.hparams.betas)
         scheduler = LambdaLR(optimizer, self._lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

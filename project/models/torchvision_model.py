@@ -7,6 +7,8 @@ from torch import Tensor, nn
 
 from project.errors import ConfigError
 
+_HEADS = ("fc.", "classifier.", "head.", "heads.")  # state-dict prefixes of the layers _replace_head swaps
+
 
 def _replace_head(model: nn.Module, num_classes: int) -> None:
     """Swap the last Linear layer (fc, classifier[-1], heads.head, ...) for one with `num_classes` outputs."""
@@ -48,9 +50,18 @@ class TorchvisionClassifier(nn.Module):
             )
         self.in_channels = in_channels
         use_builtin = weights is not None and not Path(weights).suffix
-        self.net = torchvision.models.get_model(name, weights=weights if use_builtin else None)
+        try:
+            self.net = torchvision.models.get_model(name, weights=weights if use_builtin else None)
+        except OSError as err:  # not in torchvision's cache and the download failed (URLError is an OSError)
+            raise ConfigError(_weights_unavailable(name, weights, err)) from err
         if weights is not None and not use_builtin:
-            self.net.load_state_dict(_load_local_weights(weights), strict=False)
+            missing, unexpected = self.net.load_state_dict(_load_local_weights(weights), strict=False)
+            missing = [k for k in missing if not k.startswith(_HEADS)]  # the head is replaced below anyway
+            if missing or unexpected:  # strict=False alone would silently keep random weights
+                raise ConfigError(
+                    f"'{weights}' does not fit torchvision's {name}: {len(missing)} missing keys (e.g. "
+                    f"{missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). Use a state dict of {name}."
+                )
         _replace_head(self.net, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, num_classes)
@@ -68,4 +79,17 @@ def _load_local_weights(path: str) -> dict:
         )
     state = torch.load(path, map_location="cpu", weights_only=True)
     # Drop the old head: it is replaced for num_classes anyway.
-    return {k: v for k, v in state.items() if not k.startswith(("fc.", "classifier.", "head.", "heads."))}
+    return {k: v for k, v in state.items() if not k.startswith(_HEADS)}
+
+
+def _weights_unavailable(name: str, weights: str, err: Exception) -> str:
+    """Where torchvision looks for the weights file, so it can be placed there by hand on an offline machine."""
+    import torchvision
+
+    url = torchvision.models.get_weight(f"{type(torchvision.models.get_model_weights(name).DEFAULT).__name__}.{weights}").url
+    path = Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
+    return (
+        f"Pretrained weights {name} {weights} are not in torchvision's cache and could not be downloaded "
+        f"({type(err).__name__}: {err}). On a machine with network access, download {url} and put it at "
+        f"{path} (TORCH_HOME moves this cache), or set weights to the path of a local .pth state dict."
+    )

@@ -1,0 +1,149 @@
+"""`python -m project export --ckpt_path X`: ONNX + torch.export programs, each checked against eager PyTorch.
+
+Writes into <out_dir>: model.onnx (dynamic batch axis), model.pt2 (torch.export; model.ts TorchScript when
+torch.export cannot trace the model) and preprocessing.json (class names, input shape, normalisation).
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from project.errors import ConfigError
+from project.inference import build_model, load_checkpoint, preprocessing_of
+
+TOLERANCE = 1e-4  # max abs logit difference accepted between an exported program and eager PyTorch
+
+
+def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_batches: int = 1) -> Path:
+    """Export a trained checkpoint for deployment and verify the exported programs.
+
+    Args:
+        ckpt_path: a checkpoint written by `make train`, e.g. runs/<run>/checkpoints/last.ckpt.
+        out_dir: where to write the files; default <run dir>/export.
+        opset: ONNX opset version.
+        check_batches: how many test-split batches (real inputs) to compare on, besides random inputs.
+    """
+    checkpoint = load_checkpoint(ckpt_path)
+    prep = preprocessing_of(checkpoint, ckpt_path)
+    # The bare nn.Module, in eval mode: dropout off and BatchNorm on running statistics in the exported graph.
+    model = build_model(checkpoint, ckpt_path).model.eval()
+    ckpt = Path(ckpt_path)
+    out = (
+        Path(out_dir)
+        if out_dir
+        else (ckpt.parent.parent if ckpt.parent.name == "checkpoints" else Path(".")) / "export"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+
+    gen = torch.Generator().manual_seed(0)
+    inputs = {"random batch of 1": torch.randn(1, *prep.input_shape, generator=gen)}
+    inputs["random batch of 5"] = torch.randn(5, *prep.input_shape, generator=gen)
+    inputs.update(_real_batches(checkpoint, check_batches))
+    example = inputs["random batch of 5"][
+        :2
+    ]  # traced with batch 2; checked with 1, 5 and 64: the axis is dynamic
+
+    (out / "preprocessing.json").write_text(json.dumps(prep.to_json(), indent=2) + "\n")
+    # One torch.export trace serves both formats: model.pt2, and the ONNX conversion of the same program.
+    program_path, runner, program = _export_program(model, example, out)
+    onnx_path = _export_onnx(program if program is not None else model, example, out / "model.onnx", opset)
+    _check("ONNX (onnxruntime)", _onnx_runner(onnx_path), model, inputs)
+    _check(program_path.name, runner, model, inputs)
+    print(f"Exported to {out}/: {onnx_path.name}, {program_path.name}, preprocessing.json", flush=True)
+    return out
+
+
+def _export_onnx(model, example: Tensor, path: Path, opset: int) -> Path:
+    """ONNX through the dynamo exporter (needs onnxscript), from an ExportedProgram or an nn.Module."""
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    # An ExportedProgram carries its dynamic batch already; a module gets it here (by position: any arg name).
+    dynamic = None if isinstance(model, torch.export.ExportedProgram) else ({0: batch},)
+    try:
+        torch.onnx.export(
+            model,
+            (example,),
+            str(path),
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_shapes=dynamic,
+            opset_version=opset,
+            dynamo=True,
+            external_data=False,
+        )
+    except ImportError as err:
+        raise ConfigError(
+            f"ONNX export needs the export extras: pip install -e '.[export]' ({err})."
+        ) from err
+    return path
+
+
+def _onnx_runner(path: Path):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+
+
+def _export_program(model: nn.Module, example: Tensor, out: Path):
+    """torch.export with a dynamic batch; TorchScript tracing when torch.export fails on this model."""
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    try:
+        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+        path = out / "model.pt2"
+        torch.export.save(program, path)
+        return path, torch.export.load(path).module(), program
+    except Exception as err:  # noqa: BLE001 - any tracing failure means: fall back
+        print(f"torch.export failed ({type(err).__name__}: {err}); falling back to TorchScript.", flush=True)
+        path = out / "model.ts"
+        with torch.no_grad():
+            torch.jit.save(torch.jit.trace(model, example), str(path))
+        return path, torch.jit.load(str(path)), None
+
+
+def _check(name: str, run, model: nn.Module, inputs: dict[str, Tensor]) -> None:
+    for label, x in inputs.items():
+        with torch.no_grad():
+            expected, got = model(x), run(x)
+        diff = (expected - got).abs().max().item()
+        print(f"  {name:<20} {label:<28} max abs diff {diff:.2e}", flush=True)
+        if not diff <= TOLERANCE:  # `not <=` also catches NaN
+            raise ConfigError(
+                f"{name} output differs from eager PyTorch by {diff:.2e} (> {TOLERANCE:g}) on {label}. "
+                "The exported program is not faithful: check the model for data-dependent control flow or "
+                "train-mode layers."
+            )
+
+
+def _real_batches(checkpoint: dict, n: int) -> dict[str, Tensor]:
+    """Up to n batches of the run's test split, rebuilt from the saved data hyperparameters."""
+    import lightning as L
+    from lightning.pytorch.cli import instantiate_module
+
+    hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    hparams.pop("_instantiator", None)
+    if n <= 0 or "_class_path" not in hparams:
+        return {}
+    try:
+        data = instantiate_module(L.LightningDataModule, hparams)
+        data.setup("test")
+        loader = data.test_dataloader()
+    except Exception as err:  # noqa: BLE001 - the data may live elsewhere; random inputs still check
+        print(f"  (no real inputs: the training data is not available here: {err})", flush=True)
+        return {}
+    batches = {}
+    for i, (x, _) in enumerate(loader):
+        if i >= n:
+            break
+        batches[f"test batch {i} ({len(x)} images)"] = x
+    return batches
+
+
+def main(args: list[str]) -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(prog="python -m project export", description=export.__doc__.splitlines()[0])
+    parser.add_function_arguments(export, as_group=False)
+    export(**parser.parse_args(args).as_dict())

@@ -1,0 +1,103 @@
+"""`python -m project predict --ckpt_path X --input <image or folder>`: class predictions as a CSV.
+
+Replaces LightningCLI's `predict` (which needs a predict dataloader the data module does not have): the
+classes, input size and normalisation come from the checkpoint, so no config is needed.
+"""
+
+import csv
+import sys
+from pathlib import Path
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from project.errors import ConfigError
+from project.inference import build_model, load_checkpoint, preprocessing_of
+
+
+def predict(
+    ckpt_path: str,
+    input: str,
+    output: str | None = None,
+    top_k: int = 3,
+    batch_size: int = 64,
+    device: str = "auto",
+) -> Path:
+    """Classify an image file, or every file under a folder (recursively), with a trained checkpoint.
+
+    Args:
+        ckpt_path: a checkpoint written by `make train`, e.g. runs/<run>/checkpoints/last.ckpt.
+        input: an image file, or a folder of images (searched recursively); unreadable files are skipped and listed.
+        output: the CSV to write; default predictions.csv in the checkpoint's run directory.
+        top_k: how many (class, probability) pairs to list per image.
+        batch_size: images per forward pass.
+        device: auto (CUDA when available), cpu or cuda.
+    """
+    source = Path(input)
+    if not source.exists():
+        raise ConfigError(
+            f"--input '{input}' does not exist. Pass an image file or a folder of images (INPUT=...)."
+        )
+    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    checkpoint = load_checkpoint(ckpt_path)
+    prep = preprocessing_of(checkpoint, ckpt_path)
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    )
+    model = build_model(checkpoint, ckpt_path).to(dev)
+    transform, mode = prep.transform(), "L" if prep.input_shape[0] == 1 else "RGB"
+    k = max(1, min(top_k, len(prep.class_names)))
+
+    out = Path(output) if output else _default_output(Path(ckpt_path))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows, skipped = [], []
+    for start in range(0, len(files), batch_size):
+        batch, paths = [], []
+        for f in files[start : start + batch_size]:
+            try:
+                with Image.open(f) as im:
+                    batch.append(transform(im.convert(mode)))
+                paths.append(f)
+            except (
+                UnidentifiedImageError,
+                OSError,
+                ValueError,
+            ) as err:  # not an image, truncated, unreadable
+                skipped.append((f, f"{type(err).__name__}: {err}"))
+        if not batch:
+            continue
+        with torch.inference_mode():
+            probs = model(torch.stack(batch).to(dev)).float().softmax(dim=-1).cpu()  # (B, num_classes)
+        top_p, top_i = probs.topk(k, dim=-1)
+        for f, ps, idx in zip(paths, top_p.tolist(), top_i.tolist(), strict=True):
+            topk = ";".join(f"{prep.class_names[i]}:{p:.4f}" for i, p in zip(idx, ps, strict=True))
+            rows.append([str(f), prep.class_names[idx[0]], f"{ps[0]:.6f}", topk])
+
+    with out.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["path", "class", "probability", f"top{k}"])
+        writer.writerows(rows)
+    print(f"Predicted {len(rows)} image(s) -> {out}", flush=True)
+    if skipped:
+        print(f"Skipped {len(skipped)} file(s) that are not readable images:", file=sys.stderr)
+        for f, why in skipped:
+            print(f"  {f}  ({why})", file=sys.stderr)
+    if not rows:
+        raise ConfigError(
+            f"No readable image under '{input}'; nothing was predicted. Point INPUT at image files."
+        )
+    return out
+
+
+def _default_output(ckpt: Path) -> Path:
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else Path(".")
+    return run_dir / "predictions.csv"
+
+
+def main(args: list[str]) -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(prog="python -m project predict", description=predict.__doc__.splitlines()[0])
+    parser.add_function_arguments(predict, as_group=False)
+    cfg = parser.parse_args(args)
+    predict(**cfg.as_dict())

@@ -1,0 +1,38 @@
+"""One tiny trained run shared by the tool tests (loggers, report, predict, export): trained once per session.
+
+Default config + configs/debug/limit_batches.yaml (2 epochs x 5 batches) + the W&B overlay, offline.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CONFIGS, QUIET, run_cli
+
+# A fake key: W&B must not write it anywhere (WANDB_MODE=offline keeps W&B off the network).
+FAKE_WANDB_KEY = "sentinel0123456789abcdef0123456789abcdef"
+_runs: dict[str, Path] = {}
+
+
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if "run" not in _runs:
+        root = tmp_path_factory.mktemp("trained")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(root)
+            mp.setenv("WANDB_MODE", "offline")
+            mp.setenv("WANDB_API_KEY", FAKE_WANDB_KEY)
+            for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # keep ~ clean
+                mp.setenv(var, str(root / "wandb-home"))
+            code = run_cli(
+                "fit",
+                "--config",
+                CONFIGS / "debug/limit_batches.yaml",
+                "--config",
+                CONFIGS / "logger/wandb.yaml",
+                *QUIET,
+                "--run_dir",
+                root / "run",
+            )
+        assert code == 0
+        _runs["run"] = root / "run"
+    return _runs["run"]
