@@ -208,8 +208,13 @@ def main(args: list[str] | None = None) -> None:
             flush=True,
         )
         sys.exit(2)
-    except ConfigError as err:
-        print(f"\nerror: {err}\n", file=sys.stderr, flush=True)
+    except Exception as err:
+        # jsonargparse wraps errors raised while instantiating a class (ValueError: "Does not validate against
+        # any of the Union subtypes"); dig out our own ConfigError so the user sees its one paragraph.
+        config_error = _find_config_error(err)
+        if config_error is None:
+            raise
+        print(f"\nerror: {config_error}\n", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:  # a second run in this process (a notebook, a test) must get its own run directory
         if inherited_run_dir is None:
@@ -217,3 +222,13 @@ def main(args: list[str] | None = None) -> None:
         # ...and its own W&B run: WandbLogger would otherwise attach to the run still open (and flushed only at exit).
         if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
             sys.modules["wandb"].finish()
+
+
+def _find_config_error(err: BaseException | None) -> ConfigError | None:
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, ConfigError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None

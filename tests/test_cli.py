@@ -113,17 +113,8 @@ BAD_INPUTS = {
     ),
     "unknown key": (["--model.init_args.lrr", "0.1"], ["Option 'lrr' is not accepted", "--help"]),
     "wrong type": (["--data.init_args.batch_size", "abc"], ["batch_size", "Expected a <class 'int'>"]),
-    "head size mismatch": (
-        [
-            "--model.init_args.model",
-            "project.models.TorchvisionClassifier",
-            "--model.init_args.model.init_args.name",
-            "resnet18",
-            "--model.init_args.num_classes",
-            "3",
-        ],
-        ["10 classes"],
-    ),
+    # A model without a num_classes argument is not linked; Flatten maps (1, 8, 8) to 64 "logits".
+    "head size mismatch": (["--model.init_args.model", "torch.nn.Flatten"], ["shape (2, 64)", "10 classes"]),
 }
 
 
