@@ -1,0 +1,75 @@
+import torch
+
+from project.data import ImageClassificationDataModule
+
+
+def setup_dm(**kwargs) -> ImageClassificationDataModule:
+    dm = ImageClassificationDataModule(**kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def labels_of(dataset) -> torch.Tensor:
+    return dataset.labels
+
+
+def test_digits_splits_are_stratified_disjoint_and_complete():
+    dm = setup_dm()
+    sizes = [len(dm.train_set), len(dm.val_set), len(dm.test_set)]
+    assert sum(sizes) == 1797 and sizes[2] == 360  # test = 20%, rounded up by sklearn
+    for ds in (dm.train_set, dm.val_set, dm.test_set):
+        counts = torch.bincount(labels_of(ds), minlength=10).float()
+        share = counts / counts.sum()
+        assert (share - 0.1).abs().max() < 0.03  # every class keeps ~10%
+    # Disjoint: the images of the three splits never coincide.
+    flat = [ds.images.flatten(1) for ds in (dm.train_set, dm.val_set, dm.test_set)]
+    assert not torch.isin(flat[2].sum(1) * 1e3 + flat[2][:, 20], flat[0].sum(1) * 1e3 + flat[0][:, 20]).all()
+
+
+def test_split_is_fixed_by_split_seed_not_the_training_seed():
+    import lightning as L
+
+    L.seed_everything(1)
+    a = setup_dm(split_seed=0)
+    L.seed_everything(2)
+    b = setup_dm(split_seed=0)
+    c = setup_dm(split_seed=1)
+    assert torch.equal(a.test_set.images, b.test_set.images)
+    assert not torch.equal(a.test_set.images, c.test_set.images)
+
+
+def test_batches_are_float32_normalised_with_training_statistics():
+    dm = setup_dm(augment=False)
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.dtype == torch.float32 and x.shape == (64, 1, 8, 8) and y.dtype == torch.int64
+    all_train = torch.stack([dm.train_set[i][0] for i in range(len(dm.train_set))])
+    assert abs(all_train.mean().item()) < 1e-4 and abs(all_train.std().item() - 1) < 1e-2
+    assert dm.num_classes == 10 and dm.input_shape == (1, 8, 8) and dm.class_names[3] == "3"
+
+
+def test_loader_settings():
+    dm = setup_dm()
+    train, val = dm.train_dataloader(), dm.val_dataloader()
+    assert train.drop_last and not val.drop_last
+    assert train.num_workers == 0  # in-memory tensors: workers only cost (see default_num_workers)
+    assert train.pin_memory == torch.cuda.is_available()
+    dm2 = setup_dm(num_workers=2)
+    loader = dm2.train_dataloader()
+    assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 2
+
+
+def test_float64_images_are_converted_with_a_warning():
+    import pytest
+
+    from project.data.tensor_dataset import ImageTensorDataset
+
+    with pytest.warns(UserWarning, match="float64"):
+        ds = ImageTensorDataset(torch.rand(4, 1, 8, 8, dtype=torch.float64), torch.zeros(4))
+    assert ds[0][0].dtype == torch.float32
+
+
+def test_state_dict_carries_classes_and_preprocessing():
+    dm = setup_dm()
+    state = dm.state_dict()
+    assert state["class_names"] == [str(i) for i in range(10)] and len(state["mean"]) == 1
+    assert state["input_shape"] == [1, 8, 8]
