@@ -8,6 +8,7 @@ Each returns per-epoch wall times: epoch 0 is warm-up, the rest is steady state.
 import contextlib
 import io
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -88,12 +89,14 @@ def template_run(epochs: int, batch_size: int = 64, extra: list[str] | None = No
         args = ["fit", "--config", DEFAULT_CONFIG, "--run_dir", tmp, "--test_after_fit", "false",
                 "--trainer.max_epochs", str(epochs), "--data.init_args.batch_size", str(batch_size), *(extra or [])]
         sink = io.StringIO() if quiet else None
+        argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees the bench's own flags
         with contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
             try:
                 cli = _BenchCLI(ClassificationModule, ImageClassificationDataModule, subclass_mode_model=True,
                                 subclass_mode_data=True, save_config_kwargs={"overwrite": True}, args=args)
             finally:
                 os.environ.pop(RUN_DIR_ENV, None)
+                sys.argv = argv
         clock, trainer = cli.clock, cli.trainer
         times = [b - a for a, b in zip(clock.starts, [*clock.starts[1:], clock.end], strict=True)]
         steps = trainer.num_training_batches
@@ -102,8 +105,10 @@ def template_run(epochs: int, batch_size: int = 64, extra: list[str] | None = No
 
 
 def raw_run(epochs: int, batch_size: int = 64, seed: int = 0, width: int = 32, lr: float = 3e-3,
-            weight_decay: float = 0.05, label_smoothing: float = 0.1, warmup_epochs: float = 1.0) -> dict:
-    """The hand-written loop: zero_grad, forward, loss, backward, step, scheduler step; eval under no_grad."""
+            weight_decay: float = 0.05, label_smoothing: float = 0.1, warmup_epochs: float = 1.0,
+            limit: int | None = None) -> dict:
+    """The hand-written loop: zero_grad, forward, loss, backward, step, scheduler step; eval under no_grad.
+    `limit` cuts each epoch to that many batches (and validation to one), like Trainer's limit_*_batches."""
     torch.manual_seed(seed)
     os.environ.setdefault("PL_GLOBAL_SEED", str(seed))
     dm = ImageClassificationDataModule(batch_size=batch_size)
@@ -113,14 +118,17 @@ def raw_run(epochs: int, batch_size: int = 64, seed: int = 0, width: int = 32, l
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
-    total, warmup = epochs * len(train), round(warmup_epochs * len(train))
+    steps = min(len(train), limit or len(train))
+    total, warmup = epochs * steps, round(warmup_epochs * steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warmup, total))
     loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     starts, acc = [], 0.0
     for _ in range(epochs):
         starts.append(time.perf_counter())
         model.train()
-        for x, y in train:
+        for i, (x, y) in enumerate(train):
+            if i == steps:
+                break
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()
@@ -129,13 +137,15 @@ def raw_run(epochs: int, batch_size: int = 64, seed: int = 0, width: int = 32, l
         model.eval()
         correct = count = 0
         with torch.no_grad():
-            for x, y in val:
+            for i, (x, y) in enumerate(val):
+                if limit and i == 1:
+                    break
                 correct += (model(x).argmax(1) == y).sum()
                 count += len(y)
         acc = float(correct) / count  # one host sync per epoch
     end = time.perf_counter()
     times = [b - a for a, b in zip(starts, [*starts[1:], end], strict=True)]
-    return {"epoch_seconds": times, "samples_per_epoch": len(train) * batch_size, "val_acc": acc}
+    return {"epoch_seconds": times, "samples_per_epoch": steps * batch_size, "val_acc": acc}
 
 
 def steady_samples_per_s(run: dict) -> float:
