@@ -74,7 +74,8 @@ def bench_cpu(p: dict) -> dict:
 
     # One round = the default template, the raw loop and every option, in an order reversed on odd rounds
     # (ABC..CBA): each option is compared with the default run of its own round.
-    arms = {"template": tmpl, "raw": raw, **{k: (lambda extra=v: tmpl(extra=extra)) for k, v in VARIANTS.items()}}
+    arms = {"template": tmpl, "raw": raw, **{k: (lambda extra=v: tmpl(extra=extra)) for k, v in VARIANTS.items()},
+            "torch_threads_1": lambda: _threads(1, tmpl)}
     got: dict[str, list] = {k: [] for k in arms}
     for i in range(R):
         for name in (list(arms) if i % 2 == 0 else list(arms)[::-1]):
@@ -92,7 +93,7 @@ def bench_cpu(p: dict) -> dict:
     }
     out["data_wait_fraction"] = med([t["fetch_seconds"] / max(1e-9, t["fetch_seconds"] + t["step_seconds"]) for t in t_runs])
     consumed = med([t["samples_per_epoch"] * (E - 1) / max(1e-9, t["step_seconds"]) for t in t_runs])
-    out["options"] = {name: _paired(t_runs, got[name], steady_samples_per_s) for name in VARIANTS}
+    out["options"] = {name: _paired(t_runs, got[name], steady_samples_per_s) for name in [*VARIANTS, "torch_threads_1"]}
     out["options"]["compile"] = _compile(p, tmpl, steady_samples_per_s)
 
     # Loaders alone, same split and augmentation.
@@ -117,6 +118,19 @@ def bench_cpu(p: dict) -> dict:
             [loader_samples_per_s(True, 1, n=n) for _ in range(R)])
     out["torch_threads"] = torch.get_num_threads()
     return out
+
+
+def _threads(n: int, fn):
+    """Run fn with n intra-op threads. On 2 cores shared with other jobs, 2 threads ran the ConvNet step at
+    450-1100 ms and 1 thread at ~55 ms (OpenMP workers waiting for a busy core): worth knowing per machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
 
 
 def _paired(base: list, var: list, sps) -> dict:
