@@ -149,8 +149,11 @@ def raw_run(epochs: int, batch_size: int = 64, seed: int = 0, width: int = 32, l
 
 
 def steady_samples_per_s(run: dict) -> float:
-    steady = run["epoch_seconds"][1:]
-    return run["samples_per_epoch"] * len(steady) / sum(steady)
+    """Samples/s of the median steady-state epoch (train + validation + checkpoint): one slow epoch caused by
+    another process on the machine does not move it."""
+    import statistics
+
+    return run["samples_per_epoch"] / statistics.median(run["epoch_seconds"][1:])
 
 
 def loader_samples_per_s(in_memory: bool, epochs: int = 2, n: int | None = None) -> float:
@@ -180,6 +183,7 @@ def machine() -> dict:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {"cpus": cpus, "torch_threads": torch.get_num_threads(), "load_avg_1min_at_start": load,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version(),
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})",
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
