@@ -28,7 +28,9 @@ def _data(n: int, device: torch.device, seed: int = 0) -> tuple[InMemoryLoader, 
     images = torch.randint(0, 256, (n + n // 5, 3, 32, 32), dtype=torch.uint8, generator=g)
     labels = torch.randint(0, 10, (n + n // 5,), generator=g)
     bs = min(BATCH, n)
-    train = InMemoryLoader(images[:n], labels[:n], bs, MEAN, STD, shuffle=True, augment="natural", seed=seed, device=device)
+    train = InMemoryLoader(
+        images[:n], labels[:n], bs, MEAN, STD, shuffle=True, augment="natural", seed=seed, device=device
+    )
     val = InMemoryLoader(images[n:], labels[n:], bs, MEAN, STD, shuffle=False, device=device)
     return train, val
 
@@ -66,7 +68,10 @@ def raw(n: int, device: torch.device) -> dict:
         float(correct)
     _sync(device)
     starts.append(time.perf_counter())
-    return {"epoch_seconds": [b - a for a, b in zip(starts, starts[1:], strict=False)], "samples_per_epoch": len(train) * train.batch_size}
+    return {
+        "epoch_seconds": [b - a for a, b in zip(starts, starts[1:], strict=False)],
+        "samples_per_epoch": len(train) * train.batch_size,
+    }
 
 
 class _Data(L.LightningDataModule):
@@ -97,15 +102,28 @@ class _Clock(L.Callback):
 def template(n: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     data, clock = _Data(n, device), _Clock()
-    module = ClassificationModule(TorchvisionClassifier("resnet18", 10), 10, (3, 32, 32), lr=LR, label_smoothing=0.1,
-                                  channels_last=True)
+    module = ClassificationModule(
+        TorchvisionClassifier("resnet18", 10), 10, (3, 32, 32), lr=LR, label_smoothing=0.1, channels_last=True
+    )
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-        trainer = L.Trainer(accelerator=device.type, devices=1, precision="bf16-mixed", max_epochs=EPOCHS,
-                            default_root_dir=tmp, callbacks=[clock], enable_progress_bar=False, enable_model_summary=False,
-                            logger=L.pytorch.loggers.CSVLogger(tmp), log_every_n_steps=50)
+        trainer = L.Trainer(
+            accelerator=device.type,
+            devices=1,
+            precision="bf16-mixed",
+            max_epochs=EPOCHS,
+            default_root_dir=tmp,
+            callbacks=[clock],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            logger=L.pytorch.loggers.CSVLogger(tmp),
+            log_every_n_steps=50,
+        )
         trainer.fit(module, datamodule=data)
     s = clock.starts
-    return {"epoch_seconds": [b - a for a, b in zip(s, s[1:], strict=False)], "samples_per_epoch": len(data.loaders[0]) * data.loaders[0].batch_size}
+    return {
+        "epoch_seconds": [b - a for a, b in zip(s, s[1:], strict=False)],
+        "samples_per_epoch": len(data.loaders[0]) * data.loaders[0].batch_size,
+    }
 
 
 def bench_gpu(n: int, repeats: int) -> dict:
@@ -122,10 +140,21 @@ def bench_gpu(n: int, repeats: int) -> dict:
         for fn, sink in order if i % 2 == 0 else order[::-1]:
             sink.append(fn(n, device))
     ratios = [sps(t) / sps(r) for t, r in zip(t_runs, r_runs, strict=True)]
-    return {"machine": machine(), "gpu": {
-        "images": n, "batch_size": BATCH, "epochs": EPOCHS, "precision": "bf16-mixed", "channels_last": True,
-        "template_images_per_s": round(statistics.median(map(sps, t_runs)), 1),
-        "raw_loop_images_per_s": round(statistics.median(map(sps, r_runs)), 1),
-        "throughput_ratio": round(statistics.median(ratios), 4), "ratios": [round(r, 4) for r in ratios],
-        "template_warmup_epoch_seconds": round(statistics.median(t["epoch_seconds"][0] for t in t_runs), 3),
-        "raw_warmup_epoch_seconds": round(statistics.median(r["epoch_seconds"][0] for r in r_runs), 3)}}
+    return {
+        "machine": machine(),
+        "gpu": {
+            "images": n,
+            "batch_size": BATCH,
+            "epochs": EPOCHS,
+            "precision": "bf16-mixed",
+            "channels_last": True,
+            "template_images_per_s": round(statistics.median(map(sps, t_runs)), 1),
+            "raw_loop_images_per_s": round(statistics.median(map(sps, r_runs)), 1),
+            "throughput_ratio": round(statistics.median(ratios), 4),
+            "ratios": [round(r, 4) for r in ratios],
+            "template_warmup_epoch_seconds": round(
+                statistics.median(t["epoch_seconds"][0] for t in t_runs), 3
+            ),
+            "raw_warmup_epoch_seconds": round(statistics.median(r["epoch_seconds"][0] for r in r_runs), 3),
+        },
+    }

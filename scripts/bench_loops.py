@@ -82,31 +82,64 @@ class _BenchCLI(ProjectCLI):
         self.trainer.profiler = self.fetch
 
 
-def template_run(epochs: int, batch_size: int = 64, extra: list[str] | None = None, quiet: bool = True) -> dict:
+def template_run(
+    epochs: int, batch_size: int = 64, extra: list[str] | None = None, quiet: bool = True
+) -> dict:
     """Train through ProjectCLI with configs/default.yaml as `make train` does (loggers, metrics, checkpoints,
     progress bar), minus the final test. Returns epoch times, samples per epoch and data-wait seconds."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        args = ["fit", "--config", DEFAULT_CONFIG, "--run_dir", tmp, "--test_after_fit", "false",
-                "--trainer.max_epochs", str(epochs), "--data.init_args.batch_size", str(batch_size), *(extra or [])]
+        args = [
+            "fit",
+            "--config",
+            DEFAULT_CONFIG,
+            "--run_dir",
+            tmp,
+            "--test_after_fit",
+            "false",
+            "--trainer.max_epochs",
+            str(epochs),
+            "--data.init_args.batch_size",
+            str(batch_size),
+            *(extra or []),
+        ]
         sink = io.StringIO() if quiet else None
         argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees the bench's own flags
         with contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
             try:
-                cli = _BenchCLI(ClassificationModule, ImageClassificationDataModule, subclass_mode_model=True,
-                                subclass_mode_data=True, save_config_kwargs={"overwrite": True}, args=args)
+                cli = _BenchCLI(
+                    ClassificationModule,
+                    ImageClassificationDataModule,
+                    subclass_mode_model=True,
+                    subclass_mode_data=True,
+                    save_config_kwargs={"overwrite": True},
+                    args=args,
+                )
             finally:
                 os.environ.pop(RUN_DIR_ENV, None)
                 sys.argv = argv
         clock, trainer = cli.clock, cli.trainer
         times = [b - a for a, b in zip(clock.starts, [*clock.starts[1:], clock.end], strict=True)]
         steps = trainer.num_training_batches
-        return {"epoch_seconds": times, "samples_per_epoch": steps * batch_size, "fetch_seconds": cli.fetch.seconds,
-                "step_seconds": clock.step_seconds, "val_acc": float(trainer.callback_metrics.get("val/acc", -1))}
+        return {
+            "epoch_seconds": times,
+            "samples_per_epoch": steps * batch_size,
+            "fetch_seconds": cli.fetch.seconds,
+            "step_seconds": clock.step_seconds,
+            "val_acc": float(trainer.callback_metrics.get("val/acc", -1)),
+        }
 
 
-def raw_run(epochs: int, batch_size: int = 64, seed: int = 0, width: int = 32, lr: float = 3e-3,
-            weight_decay: float = 0.05, label_smoothing: float = 0.1, warmup_epochs: float = 1.0,
-            limit: int | None = None) -> dict:
+def raw_run(
+    epochs: int,
+    batch_size: int = 64,
+    seed: int = 0,
+    width: int = 32,
+    lr: float = 3e-3,
+    weight_decay: float = 0.05,
+    label_smoothing: float = 0.1,
+    warmup_epochs: float = 1.0,
+    limit: int | None = None,
+) -> dict:
     """The hand-written loop: zero_grad, forward, loss, backward, step, scheduler step; eval under no_grad.
     `limit` cuts each epoch to that many batches (and validation to one), like Trainer's limit_*_batches."""
     torch.manual_seed(seed)
@@ -117,7 +150,9 @@ def raw_run(epochs: int, batch_size: int = 64, seed: int = 0, width: int = 32, l
     model = ConvNet(dm.num_classes, dm.in_channels, width=width)
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+    )
     steps = min(len(train), limit or len(train))
     total, warmup = epochs * steps, round(warmup_epochs * steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warmup, total))
@@ -162,8 +197,15 @@ def loader_samples_per_s(in_memory: bool, epochs: int = 2, n: int | None = None)
     if n is not None:
         from project.data.in_memory import InMemoryLoader
 
-        loader = InMemoryLoader(torch.rand(n, 1, 8, 8), torch.randint(0, 10, (n,)), 64, [0.5], [0.25], shuffle=True,
-                                augment="digits")
+        loader = InMemoryLoader(
+            torch.rand(n, 1, 8, 8),
+            torch.randint(0, 10, (n,)),
+            64,
+            [0.5],
+            [0.25],
+            shuffle=True,
+            augment="digits",
+        )
     else:
         dm = ImageClassificationDataModule(in_memory=in_memory)
         dm.setup("fit")
@@ -182,11 +224,19 @@ def machine() -> dict:
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"cpus": cpus, "torch_threads": torch.get_num_threads(), "load_avg_1min_at_start": load,
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version(),
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})",
-            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+    return {
+        "cpus": cpus,
+        "torch_threads": torch.get_num_threads(),
+        "load_avg_1min_at_start": load,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"cpu ({platform.processor() or platform.machine()})",
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
 
 
 def workdir() -> Path:

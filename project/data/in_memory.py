@@ -91,7 +91,9 @@ def augment_batch(x: Tensor, policy: str, generator: torch.Generator) -> Tensor:
         cols = dx[:, None] + torch.where(flip[:, None], w - 1 - ar_w, ar_w)  # (B, W), reversed = flipped
         bi = torch.arange(b, device=dev)[:, None, None]
         out = padded.permute(0, 2, 3, 1)[bi, rows[:, :, None], cols[:, None, :]]  # (B, H, W, C)
-        return out.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last if c > 1 else torch.contiguous_format)
+        return out.permute(0, 3, 1, 2).contiguous(
+            memory_format=torch.channels_last if c > 1 else torch.contiguous_format
+        )
     raise ValueError(f"Unknown augmentation policy '{policy}'; expected one of {AUGMENT_POLICIES}.")
 
 
@@ -164,7 +166,9 @@ class InMemoryLoader:
         order = self.sampler.indices(epoch).to(self.device)
         for b in range(self.position, len(self)):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
-            self.position = b + 1  # counted when handed out: a checkpoint taken during this step resumes after it
+            self.position = (
+                b + 1
+            )  # counted when handed out: a checkpoint taken during this step resumes after it
             yield self._batch(idx, epoch, b)
 
     def _batch(self, idx: Tensor, epoch: int, b: int) -> tuple[Tensor, Tensor]:
@@ -174,20 +178,34 @@ class InMemoryLoader:
         if self.scale != 1.0:
             x.mul_(self.scale)
         if self.augment != "none":
-            g = torch.Generator(device=self.device).manual_seed(_mix(self.sampler.seed, epoch, b, self.sampler.rank))
+            g = torch.Generator(device=self.device).manual_seed(
+                _mix(self.sampler.seed, epoch, b, self.sampler.rank)
+            )
             x = augment_batch(x, self.augment, g)
         return (x - self.mean) / self.std, self.labels.index_select(0, idx)
 
     def state_dict(self) -> dict:
         s = self.sampler
-        return {"epoch": s.epoch, "position": self.position, "seed": s.seed, "world_size": s.world_size,
-                "batch_size": self.batch_size}
+        return {
+            "epoch": s.epoch,
+            "position": self.position,
+            "seed": s.seed,
+            "world_size": s.world_size,
+            "batch_size": self.batch_size,
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("world_size", 1) != self.sampler.world_size or state.get("batch_size") != self.batch_size:
+        if (
+            state.get("world_size", 1) != self.sampler.world_size
+            or state.get("batch_size") != self.batch_size
+        ):
             raise ValueError(
                 f"This checkpoint's loader ran with world_size={state.get('world_size')} and batch_size="
                 f"{state.get('batch_size')}, now {self.sampler.world_size} and {self.batch_size}: the rest of its "
                 "epoch cannot be reproduced. Resume with the same devices and --data.init_args.batch_size."
             )
-        self.sampler.epoch, self.position, self.sampler.seed = state["epoch"], state["position"], state["seed"]
+        self.sampler.epoch, self.position, self.sampler.seed = (
+            state["epoch"],
+            state["position"],
+            state["seed"],
+        )

@@ -8,9 +8,13 @@ from project.data.in_memory import InMemoryLoader, augment_batch
 from project.errors import ConfigError
 
 
-def make_loader(n: int = 100, batch_size: int = 8, shuffle: bool = True, augment: str = "none", **kw) -> InMemoryLoader:
+def make_loader(
+    n: int = 100, batch_size: int = 8, shuffle: bool = True, augment: str = "none", **kw
+) -> InMemoryLoader:
     images = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 1, 4, 4).contiguous() / n
-    return InMemoryLoader(images, torch.arange(n), batch_size, [0.0], [1.0], shuffle=shuffle, augment=augment, **kw)
+    return InMemoryLoader(
+        images, torch.arange(n), batch_size, [0.0], [1.0], shuffle=shuffle, augment=augment, **kw
+    )
 
 
 def epoch_labels(loader) -> list[int]:
@@ -32,7 +36,9 @@ def test_eval_loader_keeps_order_and_the_last_partial_batch():
 
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_rank_shards_are_disjoint_equal_and_cover_the_split(shuffle):
-    shards = [epoch_labels(make_loader(n=96, shuffle=shuffle, seed=1, rank=r, world_size=3)) for r in range(3)]
+    shards = [
+        epoch_labels(make_loader(n=96, shuffle=shuffle, seed=1, rank=r, world_size=3)) for r in range(3)
+    ]
     assert all(len(s) == 32 for s in shards)  # equal batch counts per rank
     union = set().union(*map(set, shards))
     assert sum(map(len, shards)) == len(union) == 96
@@ -117,8 +123,15 @@ def test_lightning_saves_the_loader_state_in_the_checkpoint(tmp_path):
 
     dm = ImageClassificationDataModule()
     module = ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8))
-    trainer = L.Trainer(max_steps=3, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_steps=3,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(module, datamodule=dm)
     states = trainer.fit_loop.on_save_checkpoint()["combined_loader"]
     assert states[0]["epoch"] == 0 and states[0]["position"] == 3
