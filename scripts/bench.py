@@ -92,7 +92,14 @@ def ab(run_a, run_b, repeats: int) -> tuple[list, list]:
 
 def bench_cpu(p: dict) -> dict:
     import torch
-    from bench_loops import loader_samples_per_s, machine, raw_run, steady_samples_per_s, template_run
+    from bench_loops import (
+        loader_samples_per_s,
+        machine,
+        raw_run,
+        steady_cpu_samples_per_s,
+        steady_samples_per_s,
+        template_run,
+    )
 
     lim = (
         ["--trainer.limit_train_batches", str(p["limit"]), "--trainer.limit_val_batches", "1"]
@@ -127,6 +134,12 @@ def bench_cpu(p: dict) -> dict:
         "raw_loop_samples_per_s": med([steady_samples_per_s(r) for r in r_runs]),
         "throughput_ratio": med(ratios),
         "ratios": [round(x, 4) for x in ratios],
+        "throughput_ratio_cpu_time": med(
+            [
+                steady_cpu_samples_per_s(t) / steady_cpu_samples_per_s(r)
+                for t, r in zip(t_runs, r_runs, strict=True)
+            ]
+        ),
         "template_warmup_epoch_seconds": med([t["epoch_seconds"][0] for t in t_runs]),
         "raw_warmup_epoch_seconds": med([r["epoch_seconds"][0] for r in r_runs]),
         "template_steady_epoch_seconds": med([statistics.mean(t["epoch_seconds"][1:]) for t in t_runs]),
@@ -270,6 +283,7 @@ def table(res: dict) -> str:
     t, ld, d = res["throughput"], res["loader"], res["default_run"]
     rows = [
         ("throughput_ratio (template / raw loop, steady state)", t["throughput_ratio"]),
+        ("throughput_ratio_cpu_time (same, per process CPU second)", t["throughput_ratio_cpu_time"]),
         (
             "template samples/s | raw loop samples/s",
             f"{t['template_samples_per_s']:.0f} | {t['raw_loop_samples_per_s']:.0f}",

@@ -32,12 +32,14 @@ class EpochClock(Callback):
 
     def __init__(self) -> None:
         self.starts: list[float] = []
+        self.cpu: list[float] = []  # process CPU time at the same points (see steady_samples_per_s)
         self.end = 0.0
         self.step_seconds = 0.0
         self._t = 0.0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.starts.append(time.perf_counter())
+        self.cpu.append(time.process_time())
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._t = time.perf_counter()
@@ -48,6 +50,7 @@ class EpochClock(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.end = time.perf_counter()
+        self.cpu.append(time.process_time())
 
 
 class FetchTimer(Profiler):
@@ -119,9 +122,11 @@ def template_run(
                 sys.argv = argv
         clock, trainer = cli.clock, cli.trainer
         times = [b - a for a, b in zip(clock.starts, [*clock.starts[1:], clock.end], strict=True)]
+        cpu = [b - a for a, b in zip(clock.cpu, clock.cpu[1:], strict=False)]
         steps = trainer.num_training_batches
         return {
             "epoch_seconds": times,
+            "epoch_cpu_seconds": cpu,
             "samples_per_epoch": steps * batch_size,
             "fetch_seconds": cli.fetch.seconds,
             "step_seconds": clock.step_seconds,
@@ -157,9 +162,10 @@ def raw_run(
     total, warmup = epochs * steps, round(warmup_epochs * steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warmup, total))
     loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-    starts, acc = [], 0.0
+    starts, cpu, acc = [], [], 0.0
     for _ in range(epochs):
         starts.append(time.perf_counter())
+        cpu.append(time.process_time())
         model.train()
         for i, (x, y) in enumerate(train):
             if i == steps:
@@ -179,8 +185,14 @@ def raw_run(
                 count += len(y)
         acc = float(correct) / count  # one host sync per epoch
     end = time.perf_counter()
+    cpu.append(time.process_time())
     times = [b - a for a, b in zip(starts, [*starts[1:], end], strict=True)]
-    return {"epoch_seconds": times, "samples_per_epoch": steps * batch_size, "val_acc": acc}
+    return {
+        "epoch_seconds": times,
+        "epoch_cpu_seconds": [b - a for a, b in zip(cpu, cpu[1:], strict=False)],
+        "samples_per_epoch": steps * batch_size,
+        "val_acc": acc,
+    }
 
 
 def steady_samples_per_s(run: dict) -> float:
@@ -189,6 +201,14 @@ def steady_samples_per_s(run: dict) -> float:
     import statistics
 
     return run["samples_per_epoch"] / statistics.median(run["epoch_seconds"][1:])
+
+
+def steady_cpu_samples_per_s(run: dict) -> float:
+    """The same per CPU-second of this process. With one intra-op thread (OMP_NUM_THREADS=1) this barely
+    moves when other jobs share the cores, so it is the figure to trust on a busy machine."""
+    import statistics
+
+    return run["samples_per_epoch"] / statistics.median(run["epoch_cpu_seconds"][1:])
 
 
 def loader_samples_per_s(in_memory: bool, epochs: int = 2, n: int | None = None) -> float:

@@ -14,6 +14,7 @@ KEYS = {
         "template_samples_per_s",
         "raw_loop_samples_per_s",
         "throughput_ratio",
+        "throughput_ratio_cpu_time",
         "template_warmup_epoch_seconds",
         "raw_warmup_epoch_seconds",
     ],
