@@ -1,9 +1,10 @@
 """The fast path for data that fits in memory: the whole split as one tensor, batches drawn by index.
 
 Why not a DataLoader over a Dataset: the DataLoader path collates per-sample tensors and runs a per-sample
-transform in Python for each image. On digits (2 CPU cores) that path delivered ~2-4k samples/s, about as
-fast as the ConvNet trains, so half of every step was spent waiting for data; gathering and augmenting whole
-batches here is >20x faster (`make bench`, loader_samples_per_s). airbench does the same for CIFAR-10.
+transform in Python for each image. On digits (2 busy CPU cores, 2026-11-30) that path delivered 0.5-1.7k
+samples/s, less than the ConvNet trains on (~1.3k/s), while gathering and augmenting whole batches here gave
+35-190k samples/s, 40-110x (`make bench`: loader.*); with it, training ran 1.8x faster end to end
+(options.dataloader_path: x0.55). airbench does the same for CIFAR-10.
 """
 
 from collections.abc import Iterator
