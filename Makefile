@@ -27,7 +27,7 @@ endif
 PY    := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.project-installed
 
-.PHONY: help install train train-ddp test lint format clean distclean lock predict export doctor
+.PHONY: help install train train-ddp test lint format clean distclean lock predict export doctor bench bench-quick
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -60,6 +60,12 @@ doctor: $(STAMP)  ## check the machine and the config before training (CONFIG, A
 
 test: $(STAMP)  ## run the test suite (extra pytest flags: ARGS="...")
 	$(PY) -m pytest $(ARGS)
+
+bench: $(STAMP)  ## template vs hand-written loop, side by side (<= 10 min): runs/bench/bench.json + table
+	$(PY) scripts/bench.py $(ARGS)
+
+bench-quick: $(STAMP)  ## the same figures with 2 repeats and fewer sizes (<= 2 min)
+	$(PY) scripts/bench.py --quick $(ARGS)
 
 lint: $(STAMP)  ## ruff lint + format check
 	$(PY) -m ruff check project tests scripts

@@ -32,6 +32,11 @@ class ClassificationModule(L.LightningModule):
         label_smoothing: CrossEntropy label smoothing.
         lr_scaling: `none` keeps `lr` whatever the number of processes; `linear` multiplies it by the world size
             (devices x nodes), the linear scaling rule for a global batch that grows with the processes.
+        compile: run the model through torch.compile (compiled on the first step). Checkpoints keep the plain
+            `model.*` keys, so they load into an uncompiled model (no `_orig_mod.` prefix, Lightning #20233).
+            `make bench` reports its compile time and steady-state speed.
+        channels_last: keep weights and image batches in NHWC memory format (faster convolutions on GPUs
+            with tensor cores; `make bench` shows its effect).
     """
 
     def __init__(
@@ -46,6 +51,8 @@ class ClassificationModule(L.LightningModule):
         min_lr_ratio: float = 0.0,
         label_smoothing: float = 0.0,
         lr_scaling: Literal["none", "linear"] = "none",
+        compile: bool = False,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         # With LightningCLI the nested model config is saved (not the module object), so
@@ -68,12 +75,23 @@ class ClassificationModule(L.LightningModule):
         self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.total_steps: int | None = None  # known once the train loader exists; see on_train_start
+        # The compiled wrapper is kept out of the module tree (not a registered submodule), so state_dict
+        # keys stay `model.*` and checkpoints load into an uncompiled model.
+        self.__dict__["_compiled"] = None
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.model(x)
+        if self.hparams.get("compile") and self._compiled is None:
+            self.__dict__["_compiled"] = torch.compile(self.model)
+        return (self._compiled if self._compiled is not None else self.model)(x)
+
+    def on_fit_start(self) -> None:
+        if self.hparams.get("channels_last"):
+            self.model.to(memory_format=torch.channels_last)
 
     def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         x, y = batch
+        if self.hparams.get("channels_last"):
+            x = x.contiguous(memory_format=torch.channels_last)
         logits = self(x)
         # Metrics and loss in float32 even under AMP: half-precision logits round argmax ties and sums.
         logits = logits.float()

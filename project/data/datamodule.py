@@ -9,6 +9,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.data import digits, image_folder, torchvision_datasets
+from project.data.in_memory import InMemoryLoader
 from project.data.tensor_dataset import ImageTensorDataset, stratified_split
 from project.data.transforms import build_transform, channel_stats
 from project.errors import ConfigError
@@ -33,6 +34,9 @@ class ImageClassificationDataModule(L.LightningDataModule):
         image_size: resize images to this square size; None keeps the native size (ImageFolder: the first
             training image's size).
         pin_memory: pin host memory for faster copies to the GPU; None means "when CUDA is available".
+        in_memory: serve batches from the whole split held as one tensor on the training device, augmented
+            a batch at a time (project/data/in_memory.py); None = whenever the source is not ImageFolder and
+            the splits take under a quarter of the free (GPU) memory. False forces the DataLoader path.
     """
 
     def __init__(
@@ -48,11 +52,17 @@ class ImageClassificationDataModule(L.LightningDataModule):
         augment: bool = True,
         image_size: int | None = None,
         pin_memory: bool | None = None,
+        in_memory: bool | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         if source != "digits" and root is None:
             raise ConfigError(f"data source '{source}' needs a directory: set --data.init_args.root.")
+        if in_memory and source == "imagefolder":
+            raise ConfigError(
+                "data.in_memory=true needs images already decoded into a tensor; ImageFolder decodes files per "
+                "sample. Set --data.init_args.in_memory false (or leave it unset) for source imagefolder."
+            )
         if batch_size < 1:
             raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}.")
         if source == "digits":
@@ -68,6 +78,8 @@ class ImageClassificationDataModule(L.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # split -> (images, labels), in-memory path
+        self.policy = "none"
 
     @property
     def num_classes(self) -> int:
@@ -95,6 +107,14 @@ class ImageClassificationDataModule(L.LightningDataModule):
         train_idx, val_idx = stratified_split(labels, hp.val_fraction, hp.split_seed)
         self.mean, self.std = channel_stats(images[train_idx])  # statistics of the training split only
         policy = "digits" if hp.source in ("digits", "mnist") else "none" if hp.source == "fashionmnist" else "natural"
+        self.policy = policy if hp.augment else "none"
+        self.tensors = {
+            "train": (images[train_idx], labels[train_idx]),
+            "val": (images[val_idx], labels[val_idx]),
+            "test": (test_images, test_labels),
+        }
+        if hp.image_size and tuple(images.shape[-2:]) != (hp.image_size,) * 2:  # resize once, not per batch
+            self.tensors = {k: (_resize(x, hp.image_size), y) for k, (x, y) in self.tensors.items()}
         train_tf, eval_tf = self._transforms(policy)
         self.train_set = ImageTensorDataset(images[train_idx], labels[train_idx], train_tf)
         self.val_set = ImageTensorDataset(images[val_idx], labels[val_idx], eval_tf)
@@ -158,13 +178,52 @@ class ImageClassificationDataModule(L.LightningDataModule):
             prefetch_factor=2 if workers > 0 else None,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def use_in_memory(self) -> bool:
+        """The in-memory path unless forced off, for ImageFolder, overfit_batches (needs a DataLoader's
+        sampler to turn shuffling off), or splits larger than a quarter of the free memory."""
+        if self.hparams.in_memory is not None:
+            return self.hparams.in_memory
+        if not self.tensors or (self.trainer is not None and self.trainer.overfit_batches > 0):
+            return False
+        need = sum(x.numel() * x.element_size() for x, _ in self.tensors.values())
+        device = self._device()
+        if device.type == "cuda":
+            free = torch.cuda.mem_get_info(device)[0]
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+        return need < free / 4
+
+    def _device(self) -> torch.device:
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+
+    def _in_memory_loader(self, split: str, train: bool) -> InMemoryLoader:
+        images, labels = self.tensors[split]
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+        if train and len(labels) // world < self.hparams.batch_size:
+            raise ConfigError(
+                f"The training split has {len(labels)} samples ({len(labels) // world} per process), fewer than "
+                f"data.batch_size={self.hparams.batch_size}; no full batch would remain. Lower --data.init_args.batch_size."
+            )
+        # Same seed on every rank (seed_everything exports PL_GLOBAL_SEED to DDP children): disjoint shards.
+        seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
+        return InMemoryLoader(
+            images, labels, self.hparams.batch_size, self.mean, self.std, shuffle=train,
+            augment=self.policy if train else "none", seed=seed, rank=rank, world_size=world, device=self._device(),
+        )
+
+    def train_dataloader(self) -> DataLoader | InMemoryLoader:
+        if self.use_in_memory():
+            return self._in_memory_loader("train", train=True)
         return self._loader(self.train_set, train=True)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | InMemoryLoader:
+        if self.use_in_memory():
+            return self._in_memory_loader("val", train=False)
         return self._loader(self.val_set, train=False)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | InMemoryLoader:
+        if self.use_in_memory():
+            return self._in_memory_loader("test", train=False)
         return self._loader(self.test_set, train=False)
 
     def state_dict(self) -> dict:
@@ -188,6 +247,11 @@ def default_num_workers(dataset: Dataset, processes: int = 1) -> int:
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(0, min(8, cpus // max(1, processes) - 1))
+
+
+def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
+    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True).clamp_(0, 1)
 
 
 def _carve(labels: list[int], index: list[int], fraction: float, seed: int, name: str) -> tuple[list[int], list[int]]:

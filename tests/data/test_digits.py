@@ -48,12 +48,12 @@ def test_batches_are_float32_normalised_with_training_statistics():
 
 
 def test_loader_settings():
-    dm = setup_dm()
+    dm = setup_dm(in_memory=False)  # the DataLoader path (digits default to the in-memory loader)
     train, val = dm.train_dataloader(), dm.val_dataloader()
     assert train.drop_last and not val.drop_last
     assert train.num_workers == 0  # in-memory tensors: workers only cost (see default_num_workers)
     assert train.pin_memory == torch.cuda.is_available()
-    dm2 = setup_dm(num_workers=2)
+    dm2 = setup_dm(num_workers=2, in_memory=False)
     loader = dm2.train_dataloader()
     assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 2
 
