@@ -1,0 +1,34 @@
+"""transforms v2 pipelines: augmentation policy per source, and normalisation from training-split statistics."""
+
+import torch
+from torch import Tensor
+from torchvision.transforms import v2
+
+
+def channel_stats(images: Tensor) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of (N, C, H, W) images, on the [0, 1] scale."""
+    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+    mean = x.mean(dim=(0, 2, 3))
+    std = x.std(dim=(0, 2, 3)).clamp_min(1e-6)
+    return mean.tolist(), std.tolist()
+
+
+def build_transform(
+    policy: str, mean: list[float], std: list[float], train: bool, augment: bool, size: tuple[int, int] | None = None
+) -> v2.Compose:
+    """Per-sample pipeline: to float32 in [0, 1], resize, augment (train only), normalise.
+
+    policy: "digits" (small shifts, no flips: a flipped 2 is not a 2), "natural" (crop + flip), "none".
+    """
+    steps: list = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
+    if size is not None:
+        steps.append(v2.Resize(size, antialias=True))
+    if train and augment:
+        if policy == "digits":
+            steps.append(v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1)))
+        elif policy == "natural":
+            if size is not None:
+                steps.append(v2.RandomCrop(size, padding=min(size) // 8, padding_mode="reflect"))
+            steps.append(v2.RandomHorizontalFlip())
+    steps.append(v2.Normalize(mean, std))
+    return v2.Compose(steps)
