@@ -6,8 +6,10 @@ import time
 from pathlib import Path
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 
+from project.checkpoint import check_checkpoint
 from project.data import ImageClassificationDataModule
 from project.errors import ConfigError
 from project.module import ClassificationModule
@@ -32,6 +34,11 @@ class ProjectCLI(LightningCLI):
             "runs/<time> directory; with --ckpt_path, the run that checkpoint belongs to.",
         )
         parser.add_argument("--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint.")
+        parser.add_argument(  # issue #4: a ModelCheckpoint takes steps or a time interval, not both, so its own flag
+            "--checkpoint_every_n_steps", type=int, default=0,
+            help="Also write checkpoints/last.ckpt every N optimizer steps, mid-epoch included (0 = off; the "
+            "wall-clock interval of the config's second ModelCheckpoint stays on).",
+        )
         parser.set_defaults({"trainer.precision": auto_precision()})
         # The data decides classes and input shape; the module and the model receive them, never typed twice.
         # A target the chosen class does not take (say, a model without `in_channels`) is skipped.
@@ -43,6 +50,7 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         run_dir = resolve_run_dir(config.get("run_dir"), config.get("ckpt_path"))
+        check_writable(run_dir)  # issue #4: fail before training, not at the first checkpoint
         config.run_dir = str(run_dir)
         os.environ[RUN_DIR_ENV] = str(run_dir)
         trainer = config.trainer
@@ -58,6 +66,16 @@ class ProjectCLI(LightningCLI):
                 callback.init_args.dirpath = str(run_dir / "checkpoints")
         if self.subcommand == "fit":
             self._fit_started = time.perf_counter()
+            # issue #4: resume the same wandb run; mid-epoch `last` checkpoints every N steps.
+            resume_wandb_run(trainer.logger, run_dir, config.get("ckpt_path"))
+            if config.get("checkpoint_every_n_steps"):
+                trainer.callbacks = list(trainer.callbacks or []) + [step_checkpoint(run_dir, config.checkpoint_every_n_steps)]
+
+    def before_fit(self) -> None:
+        # issue #4: a truncated, foreign or other-architecture checkpoint is one readable paragraph.
+        ckpt_path = self.config.fit.get("ckpt_path")
+        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
+            check_checkpoint(ckpt_path, self.model)
 
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -91,6 +109,38 @@ def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
     return candidate
 
 
+def check_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(
+            f"The run directory '{run_dir}' is not writable ({err.strerror or err}): logs and checkpoints go "
+            "there. Pass a writable one with --run_dir, or run from a writable working directory."
+        ) from err
+
+
+def step_checkpoint(run_dir: Path, every_n_steps: int) -> Namespace:
+    init = {"dirpath": str(run_dir / "checkpoints"), "save_top_k": 0, "save_last": True,
+            "every_n_train_steps": every_n_steps, "enable_version_counter": False}
+    return Namespace(class_path="lightning.pytorch.callbacks.ModelCheckpoint", init_args=Namespace(**init))
+
+
+def resume_wandb_run(loggers, run_dir: Path, ckpt_path: str | None) -> None:
+    """When resuming, point a WandbLogger without an id at the run's existing wandb run (same charts)."""
+    if not ckpt_path:
+        return
+    for logger in loggers if isinstance(loggers, list) else []:
+        if logger.class_path.endswith("WandbLogger") and not logger.init_args.get("id"):
+            # wandb keeps <save_dir>/wandb/run-<time>-<id>/ per run; the newest one is this run's.
+            runs = sorted((run_dir / "wandb").glob("run-*-*"), key=lambda p: p.stat().st_mtime)
+            if runs:
+                logger.init_args.id = runs[-1].name.rsplit("-", 1)[-1]
+                logger.init_args.resume = "allow"
+
+
 def print_summary(run_dir: Path) -> None:
     import json
 
@@ -122,6 +172,15 @@ def main(args: list[str] | None = None) -> None:
         )
     except ConfigError as err:
         print(f"\nerror: {err}\n", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except torch.OutOfMemoryError as err:  # issue #4: the fix, not a CUDA allocator dump
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
+        print(
+            f"\nerror: out of GPU memory ({first[:160]}). Lower the batch size, e.g. --data.init_args.batch_size 32 "
+            "(the learning rate may need lowering with it), or use mixed precision: --trainer.precision bf16-mixed. "
+            "Resume the run with --ckpt_path last.\n",
+            file=sys.stderr, flush=True,
+        )
         sys.exit(2)
     finally:  # a second run in this process (a notebook, a test) must get its own run directory
         if inherited_run_dir is None:

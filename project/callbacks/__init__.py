@@ -1,5 +1,8 @@
 """One callback per file."""
 
+from project.callbacks.graceful_stop import GracefulStop
+from project.callbacks.nonfinite_loss import NonFiniteLossGuard
+from project.callbacks.rng_state import RNGState
 from project.callbacks.run_summary import RunSummary
 
-__all__ = ["RunSummary"]
+__all__ = ["GracefulStop", "NonFiniteLossGuard", "RNGState", "RunSummary"]

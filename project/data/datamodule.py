@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.data import digits, image_folder, torchvision_datasets
+from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import ImageTensorDataset, stratified_split
 from project.data.transforms import build_transform, channel_stats
 from project.errors import ConfigError
@@ -135,16 +136,22 @@ class ImageClassificationDataModule(L.LightningDataModule):
                 f"The training split has {len(dataset)} samples, fewer than data.batch_size="
                 f"{self.hparams.batch_size}; with drop_last no batch would remain. Lower --data.init_args.batch_size."
             )
-        return DataLoader(
-            dataset,
+        common = dict(
             batch_size=self.hparams.batch_size,
-            shuffle=train,
-            drop_last=train,  # equal-size steps keep BatchNorm stable and every DDP rank in lockstep
             num_workers=workers,
             pin_memory=pin,  # Lightning copies pinned batches to the GPU with non_blocking=True
             persistent_workers=workers > 0,
             prefetch_factor=2 if workers > 0 else None,
+            # Own generator: creating an iterator then never draws from the global RNG, so validation
+            # cannot shift the training augmentation stream (resume and determinism, issue #4).
+            generator=torch.Generator(),
         )
+        if train:
+            # Shuffled, drop_last (equal-size steps keep BatchNorm stable and every DDP rank in lockstep), and
+            # resumable mid-epoch: its position is saved in checkpoints (issue #4, resumable_loader.py).
+            seed = int(os.environ.get("PL_GLOBAL_SEED", self.hparams.split_seed))
+            return ResumableDataLoader(dataset, seed=seed, **common)
+        return DataLoader(dataset, shuffle=False, **common)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)
