@@ -2,7 +2,8 @@
 
 from project.callbacks.graceful_stop import GracefulStop
 from project.callbacks.nonfinite_loss import NonFiniteLossGuard
+from project.callbacks.pitfall_guards import PitfallGuards
 from project.callbacks.rng_state import RNGState
 from project.callbacks.run_summary import RunSummary
 
-__all__ = ["GracefulStop", "NonFiniteLossGuard", "RNGState", "RunSummary"]
+__all__ = ["GracefulStop", "NonFiniteLossGuard", "PitfallGuards", "RNGState", "RunSummary"]
