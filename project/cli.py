@@ -68,6 +68,7 @@ class ProjectCLI(LightningCLI):
             self._fit_started = time.perf_counter()
             # issue #4: resume the same wandb run; mid-epoch `last` checkpoints every N steps.
             resume_wandb_run(trainer.logger, run_dir, config.get("ckpt_path"))
+            keep_csv_history(run_dir, config.get("ckpt_path"))
             if config.get("checkpoint_every_n_steps"):
                 trainer.callbacks = list(trainer.callbacks or []) + [step_checkpoint(run_dir, config.checkpoint_every_n_steps)]
 
@@ -139,6 +140,16 @@ def resume_wandb_run(loggers, run_dir: Path, ckpt_path: str | None) -> None:
             if runs:
                 logger.init_args.id = runs[-1].name.rsplit("-", 1)[-1]
                 logger.init_args.resume = "allow"
+
+
+def keep_csv_history(run_dir: Path, ckpt_path: str | None) -> None:
+    """CSVLogger deletes an existing metrics.csv; on resume, keep it as metrics.<n>.csv next to the new one."""
+    metrics = run_dir / "metrics.csv"
+    if ckpt_path and metrics.exists():
+        n = 1
+        while (run_dir / f"metrics.{n}.csv").exists():
+            n += 1
+        metrics.rename(run_dir / f"metrics.{n}.csv")
 
 
 def print_summary(run_dir: Path) -> None:

@@ -49,7 +49,11 @@ class GracefulStop(Callback):
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path)
         print(f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).", file=sys.stderr, flush=True)
+        self._restore()  # the exception path skips the teardown hook
         raise SystemExit(128 + signum)  # 143 for SIGTERM, 130 for SIGINT: schedulers see a non-success
+
+    def on_exception(self, trainer: "L.Trainer", pl_module: "L.LightningModule", exception: BaseException) -> None:
+        self._restore()
 
     def teardown(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
         self._restore()
