@@ -1,6 +1,7 @@
 # The front door. Every target is one visible command; `make help` lists them.
 #   make train                 train configs/default.yaml, then test the best checkpoint
 #   make train ARGS="--trainer.max_epochs 3"
+#   make resume                continue the most recent run where it stopped (checkpoints/last.ckpt)
 #   make test                  the whole test suite
 # The environment: the active virtualenv or conda env if there is one, else ./.venv (created here).
 # Packages are (re)installed only when pyproject.toml or scripts/constraints.txt changed.
@@ -20,7 +21,7 @@ endif
 PY    := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.project-installed
 
-.PHONY: help install train test lint format clean distclean lock
+.PHONY: help install train resume test lint format clean distclean lock
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,6 +39,9 @@ install: $(STAMP)  ## create/refresh the environment
 
 train: $(STAMP)  ## train $(CONFIG) (extra flags: ARGS="..."), then test the best checkpoint
 	$(PY) -m project fit --config $(CONFIG) $(ARGS)
+
+resume: $(STAMP)  ## continue the most recent run from its checkpoints/last.ckpt, in its own run dir (extra flags: ARGS)
+	$(PY) -m project fit --config $(CONFIG) --ckpt_path last $(ARGS)
 
 test: $(STAMP)  ## run the test suite (extra pytest flags: ARGS="...")
 	$(PY) -m pytest $(ARGS)

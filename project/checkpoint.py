@@ -6,8 +6,8 @@
 - load_weights(path): for prediction and export. torch.load(weights_only=True) never runs pickled code, so a
   checkpoint from someone else cannot execute anything. Full (pickle) loading is used only by Lightning when
   resuming the user's own run.
-- check_checkpoint(path, module): before resuming, a truncated, foreign or mismatched file is reported with
-  its path and what is wrong instead of an unpickling or size-mismatch traceback.
+- read_checkpoint / check_checkpoint: before resuming, a truncated, foreign or mismatched file is reported
+  with its path and what is wrong instead of an unpickling or size-mismatch traceback.
 """
 
 import errno
@@ -53,18 +53,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
 
 
-def _load(path: str | os.PathLike, weights_only: bool) -> dict:
+def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
+    """torch.load(weights_only=True) with ConfigErrors that name the file and what is wrong with it.
+
+    mmap=True reads only the index of the file (tensors are mapped lazily): a cheap validity check.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Checkpoint '{path}' does not exist. Pass an existing .ckpt file to --ckpt_path.")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=False)
-    except Exception as err:  # truncated zip, random bytes, a pickle from elsewhere, ...
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as err:  # truncated zip, random bytes, a pickle with code in it, ...
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise ConfigError(
             f"Checkpoint '{path}' ({path.stat().st_size} bytes) cannot be read: {reason}. It is truncated, "
-            "corrupt or not a PyTorch file. Resume from another checkpoint of the run (ls its checkpoints/ folder) "
-            "or from --ckpt_path last."
+            "corrupt, not a PyTorch file, or holds pickled objects that safe (weights_only) loading refuses. "
+            "Resume from another checkpoint of the run (see its checkpoints/ folder) or with --ckpt_path last."
         ) from err
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         keys = sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__
@@ -77,20 +81,16 @@ def _load(path: str | os.PathLike, weights_only: bool) -> dict:
 
 def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The module's state_dict from a checkpoint, loaded without unpickling code (weights_only=True)."""
-    return _load(path, weights_only=True)["state_dict"]
+    return read_checkpoint(path)["state_dict"]
 
 
-def check_checkpoint(path: str | os.PathLike, module: nn.Module) -> dict:
-    """Load a checkpoint for resuming and fail clearly if it does not fit `module`; returns the checkpoint."""
-    checkpoint = _load(path, weights_only=False)  # the user's own run: full loading is needed for loops etc.
-    theirs, ours = checkpoint["state_dict"], module.state_dict()
+def check_checkpoint(path: str | os.PathLike, module: nn.Module) -> None:
+    """Before resuming: fail clearly if the checkpoint's tensors do not fit `module` (names and shapes)."""
+    theirs = {k: tuple(v.shape) for k, v in read_checkpoint(path, mmap=True)["state_dict"].items() if hasattr(v, "shape")}
+    ours = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     missing = [k for k in ours if k not in theirs]
     unexpected = [k for k in theirs if k not in ours]
-    shapes = [
-        f"{k}: checkpoint {tuple(theirs[k].shape)} vs model {tuple(ours[k].shape)}"
-        for k in ours
-        if k in theirs and hasattr(theirs[k], "shape") and tuple(theirs[k].shape) != tuple(ours[k].shape)
-    ]
+    shapes = [f"{k}: checkpoint {theirs[k]} vs model {ours[k]}" for k in ours if k in theirs and theirs[k] != ours[k]]
     if missing or unexpected or shapes:
         parts = []
         if shapes:
@@ -101,7 +101,6 @@ def check_checkpoint(path: str | os.PathLike, module: nn.Module) -> dict:
             parts.append(f"{len(unexpected)} tensors are not in the model ({', '.join(unexpected[:3])})")
         raise ConfigError(
             f"Checkpoint '{path}' was written by a different model or for a different number of classes: "
-            f"{'; '.join(parts)}. Resume with the config the run was started with (its config.yaml: "
+            f"{'; '.join(parts)}. Resume with the config and data the run was started with (its config.yaml: "
             "--config runs/<run>/config.yaml), or start a new run without --ckpt_path."
         )
-    return checkpoint

@@ -9,7 +9,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 
-from project.checkpoint import check_checkpoint
+from project.checkpoint import check_checkpoint, read_checkpoint
 from project.data import ImageClassificationDataModule
 from project.errors import ConfigError
 from project.module import ClassificationModule
@@ -46,6 +46,15 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.model.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_channels", "model.init_args.model.init_args.in_channels", apply_on="instantiate")
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # issue #4: LightningCLI next reads the checkpoint's hyperparameters (torch.load): a missing, truncated or
+        # foreign file must be one readable paragraph, not an unpickling traceback. mmap: only the index is read.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and str(ckpt_path) not in ("last", "best", "hpc", "registry"):
+            read_checkpoint(ckpt_path, mmap=True)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]

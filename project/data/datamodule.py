@@ -11,6 +11,7 @@ from project.data import digits, image_folder, torchvision_datasets
 from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import ImageTensorDataset, stratified_split
 from project.data.transforms import build_transform, channel_stats
+from project.data.validate import check_images, check_labels, check_split_sizes
 from project.errors import ConfigError
 
 Source = Literal["digits", "imagefolder", "cifar10", "mnist", "fashionmnist"]
@@ -83,6 +84,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         hp = self.hparams
         if hp.source == "imagefolder":
             self._setup_image_folder()
+            self._check_split_sizes()
             return
         if hp.source == "digits":
             images, labels = digits.load_digits_tensors()
@@ -92,6 +94,8 @@ class ImageClassificationDataModule(L.LightningDataModule):
         else:
             images, labels = torchvision_datasets.load_split(hp.source, hp.root, True, hp.download)
             test_images, test_labels = torchvision_datasets.load_split(hp.source, hp.root, False, hp.download)
+        check_labels(labels, self.num_classes, f"The {hp.source} training data")  # issue #4: fail before training
+        check_labels(test_labels, self.num_classes, f"The {hp.source} test data")
         train_idx, val_idx = stratified_split(labels, hp.val_fraction, hp.split_seed)
         self.mean, self.std = channel_stats(images[train_idx])  # statistics of the training split only
         policy = "digits" if hp.source in ("digits", "mnist") else "none" if hp.source == "fashionmnist" else "natural"
@@ -99,6 +103,12 @@ class ImageClassificationDataModule(L.LightningDataModule):
         self.train_set = ImageTensorDataset(images[train_idx], labels[train_idx], train_tf)
         self.val_set = ImageTensorDataset(images[val_idx], labels[val_idx], eval_tf)
         self.test_set = ImageTensorDataset(test_images, test_labels, eval_tf)
+        self._check_split_sizes()
+
+    def _check_split_sizes(self) -> None:  # issue #4: an empty split is an error, not a crash at epoch end
+        hp = self.hparams
+        sizes = {"train": len(self.train_set), "val": len(self.val_set), "test": len(self.test_set)}
+        check_split_sizes(sizes, f"val_fraction={hp.val_fraction}, test_fraction={hp.test_fraction}")
 
     def _transforms(self, policy: str):
         size = (self.hparams.image_size,) * 2 if self.hparams.image_size else None
@@ -108,6 +118,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
     def _setup_image_folder(self) -> None:
         hp, size = self.hparams, self.input_shape[1:]
         stats_base = image_folder.split_folder(hp.root, "train", self.class_names, build_transform("none", [0.0] * 3, [1.0] * 3, False, False, size))
+        check_images(stats_base.samples, stats_base.root)  # issue #4: unreadable files fail before training
         self.mean, self.std = _folder_stats(stats_base)
         train_tf, eval_tf = (
             build_transform("natural", self.mean, self.std, train=t, augment=hp.augment, size=size) for t in (True, False)
@@ -117,10 +128,14 @@ class ImageClassificationDataModule(L.LightningDataModule):
         labels = train_aug.targets
         index = list(range(len(labels)))
         test = image_folder.split_folder(hp.root, "test", self.class_names, eval_tf)
+        if test is not None:
+            check_images(test.samples, test.root)
         if test is None:
             index, test_idx = _carve(labels, index, hp.test_fraction, hp.split_seed, "test")
             test = Subset(train_eval, test_idx)
         val = image_folder.split_folder(hp.root, "val", self.class_names, eval_tf)
+        if val is not None:
+            check_images(val.samples, val.root)
         if val is None:
             index, val_idx = _carve(labels, index, hp.val_fraction, hp.split_seed, "val")
             val = Subset(train_eval, val_idx)
