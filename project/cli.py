@@ -112,7 +112,14 @@ def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
         return runs[-1].parent.parent
     if ckpt_path and ckpt_path not in ("best", "hpc", "registry") and Path(ckpt_path).parent.name == "checkpoints":
         return Path(ckpt_path).parent.parent
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    # issue #4: a SLURM job requeued after SIGUSR1 (Lightning saved hpc_ckpt_<n>.ckpt into the run dir) reruns
+    # the same command; it must continue its own run, where Lightning then loads that checkpoint by itself.
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+        previous = sorted(RUNS_DIR.glob(f"*-slurm{job}"))
+        if previous:
+            return previous[-1]
+    stamp = time.strftime("%Y%m%d-%H%M%S") + (f"-slurm{job}" if job else "")
     candidate, n = RUNS_DIR / stamp, 1
     while candidate.exists():  # two runs in the same second get -1, -2, ...
         candidate, n = RUNS_DIR / f"{stamp}-{n}", n + 1
