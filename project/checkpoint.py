@@ -42,6 +42,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())  # the data is on disk before the rename makes it visible
             os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
+            for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-write
+                stale.unlink(missing_ok=True)
         except BaseException as err:
             Path(tmp).unlink(missing_ok=True)
             if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):

@@ -62,6 +62,7 @@ def kill_once(cmd: list[str], cwd: Path, run: Path, rng: random.Random, timeout:
     log = open(cwd / "last_attempt.log", "w+")  # a file, not a pipe: a full pipe would block the child
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=_env())
     config, started = run / "config.yaml", None
+    stale = set((run / "checkpoints").glob(".*.tmp"))  # left by an earlier kill: not a write in progress
     try:
         while proc.poll() is None:
             now = time.time()
@@ -69,7 +70,7 @@ def kill_once(cmd: list[str], cwd: Path, run: Path, rng: random.Random, timeout:
                 raise TimeoutError(f"run did not end within {timeout} s")
             if started is None and config.exists() and config.stat().st_mtime >= start:
                 started = now
-            writing = mode == "write" and started is not None and any((run / "checkpoints").glob(".*.tmp"))
+            writing = mode == "write" and started is not None and bool(set((run / "checkpoints").glob(".*.tmp")) - stale)
             if writing or (mode == "time" and started is not None and now - started >= delay):
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=30)
