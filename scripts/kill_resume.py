@@ -86,6 +86,14 @@ def kill_once(cmd: list[str], cwd: Path, run: Path, rng: random.Random, timeout:
     return "finished"
 
 
+def progress(run: Path) -> str:
+    last = run / "checkpoints/last.ckpt"
+    if not last.exists():
+        return "scratch (no checkpoint yet)"
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    return f"step {ckpt['global_step']} (epoch {ckpt['epoch']})"
+
+
 def compare(ref: Path, run: Path) -> list[str]:
     """Differences between two finished runs (empty = identical)."""
     a = torch.load(ref / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
@@ -114,7 +122,7 @@ def kill_resume(workdir: Path, kills: int, seed: int = 0, timeout: float = 120.0
             problems += compare(reference, run)
             shutil.rmtree(run)
             continue
-        where.append(outcome)
+        where.append(f"{outcome}; resumes from {progress(run)}")
     run_to_end(command(run, resume=True), workdir, timeout)
     return {"kills": where, "problems": problems + compare(reference, run)}
 
