@@ -52,30 +52,34 @@ def _env() -> dict:
 def kill_once(cmd: list[str], cwd: Path, run: Path, rng: random.Random, timeout: float) -> str:
     """Start the run, SIGKILL it at a random point; returns where (or 'finished' if it ended first).
 
-    The clock starts when the run writes its config.yaml (imports done, fit starting), so no kill is
-    wasted on the ~7 s of imports; from there a kill lands after a random 0-3 s, or on the first
-    checkpoint temporary file seen (a kill while a checkpoint is being written).
+    Kill points only count once this process trains: after its first checkpoint write (checkpoints are
+    written every step), a kill lands after a random 0-2.5 s (mid-epoch, validation, test, ...), or during
+    its k-th checkpoint write (k = 1..4: a kill while a checkpoint is being written).
     """
     mode = rng.choice(["time", "time", "write"])
-    delay = rng.uniform(0.0, 3.0)
+    delay, nth_write = rng.uniform(0.0, 2.5), rng.randint(1, 4)
     start = time.time()
     log = open(cwd / "last_attempt.log", "w+")  # a file, not a pipe: a full pipe would block the child
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=_env())
-    config, started = run / "config.yaml", None
     stale = set((run / "checkpoints").glob(".*.tmp"))  # left by an earlier kill: not a write in progress
+    writes_seen: set = set()
+    trained = None  # when this process wrote its first checkpoint
     try:
         while proc.poll() is None:
             now = time.time()
             if now - start > timeout:
                 raise TimeoutError(f"run did not end within {timeout} s")
-            if started is None and config.exists() and config.stat().st_mtime >= start:
-                started = now
-            writing = mode == "write" and started is not None and bool(set((run / "checkpoints").glob(".*.tmp")) - stale)
-            if writing or (mode == "time" and started is not None and now - started >= delay):
+            tmp = set((run / "checkpoints").glob(".*.tmp")) - stale
+            writes_seen |= tmp
+            last = run / "checkpoints/last.ckpt"
+            if trained is None and (writes_seen or (last.exists() and last.stat().st_mtime >= start)):
+                trained = now
+            writing = mode == "write" and tmp and len(writes_seen) >= nth_write
+            if writing or (mode == "time" and trained is not None and now - trained >= delay):
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=30)
-                return "while writing a checkpoint" if writing else f"{now - started:.2f} s into fit"
-            time.sleep(0.0005 if mode == "write" else 0.005)
+                return f"during checkpoint write #{len(writes_seen)}" if writing else f"{now - trained:.2f} s after its first checkpoint"
+            time.sleep(0.0005)
     finally:
         if proc.poll() is None:
             proc.kill()

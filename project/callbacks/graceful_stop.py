@@ -1,5 +1,6 @@
 """GracefulStop: SIGTERM / Ctrl+C save a resumable `last` checkpoint, then exit with 143 / 130."""
 
+import os
 import signal
 import sys
 import threading
@@ -35,6 +36,12 @@ class GracefulStop(Callback):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
+        if not self._previous:  # fit is over (a handler left installed must not swallow a later Ctrl+C)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if self._received is not None and signum == signal.SIGINT:
             self._restore()
             raise KeyboardInterrupt  # second Ctrl+C: stop now
