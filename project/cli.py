@@ -70,7 +70,7 @@ class ProjectCLI(LightningCLI):
         if trainer.enable_progress_bar is False:  # let --trainer.enable_progress_bar false win over the YAML's bar
             trainer.callbacks = [c for c in trainer.callbacks or [] if not c.class_path.endswith("ProgressBar")]
         for callback in trainer.callbacks or []:
-            if callback.class_path.endswith("ModelCheckpoint") and callback.init_args.get("dirpath") is None:
+            if callback.class_path.endswith(("ModelCheckpoint", "StepCheckpoint")) and callback.init_args.get("dirpath") is None:
                 # A fixed folder (not Lightning's version_N) is what lets `--ckpt_path last` find it.
                 callback.init_args.dirpath = str(run_dir / "checkpoints")
         if self.subcommand == "fit":
@@ -142,7 +142,7 @@ def check_writable(run_dir: Path) -> None:
 def step_checkpoint(run_dir: Path, every_n_steps: int) -> Namespace:
     init = {"dirpath": str(run_dir / "checkpoints"), "save_top_k": 0, "save_last": True,
             "every_n_train_steps": every_n_steps, "enable_version_counter": False}
-    return Namespace(class_path="lightning.pytorch.callbacks.ModelCheckpoint", init_args=Namespace(**init))
+    return Namespace(class_path="project.callbacks.StepCheckpoint", init_args=Namespace(**init))
 
 
 def resume_wandb_run(loggers, run_dir: Path, ckpt_path: str | None) -> None:

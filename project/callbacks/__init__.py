@@ -5,5 +5,6 @@ from project.callbacks.nonfinite_loss import NonFiniteLossGuard
 from project.callbacks.pitfall_guards import PitfallGuards
 from project.callbacks.rng_state import RNGState
 from project.callbacks.run_summary import RunSummary
+from project.callbacks.step_checkpoint import StepCheckpoint
 
-__all__ = ["GracefulStop", "NonFiniteLossGuard", "PitfallGuards", "RNGState", "RunSummary"]
+__all__ = ["GracefulStop", "NonFiniteLossGuard", "PitfallGuards", "RNGState", "RunSummary", "StepCheckpoint"]

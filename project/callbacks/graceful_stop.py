@@ -50,8 +50,8 @@ class GracefulStop(Callback):
               file=sys.stderr, flush=True)
 
     def on_train_batch_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int) -> None:
-        if self._received is None:
-            return
+        if self._received is None or batch_idx + 1 >= trainer.num_training_batches:
+            return  # on an epoch's last batch, wait for the next epoch's first (see StepCheckpoint)
         signum, self._received = self._received, None
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path)
