@@ -2,6 +2,7 @@
 #   make train                 train configs/default.yaml, then test the best checkpoint
 #   make train ARGS="--trainer.max_epochs 3"
 #   make train-ddp             the same with DDP: every GPU, or NPROC=2 CPU processes (gloo) without a GPU
+#   make resume                continue the most recent run where it stopped (checkpoints/last.ckpt)
 #   make test                  the whole test suite
 #   make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/
 #   make export CKPT=runs/<run>/checkpoints/last.ckpt
@@ -27,7 +28,7 @@ endif
 PY    := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.project-installed
 
-.PHONY: help install train train-ddp test lint format clean distclean lock predict export doctor bench bench-quick
+.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -57,6 +58,8 @@ export: $(STAMP)  ## export CKPT=<checkpoint> to ONNX + torch.export, checked ag
 
 doctor: $(STAMP)  ## check the machine and the config before training (CONFIG, ARGS as for train)
 	$(PY) -m project doctor --config $(CONFIG) $(ARGS)
+resume: $(STAMP)  ## continue the most recent run from its checkpoints/last.ckpt, in its own run dir (extra flags: ARGS)
+	$(PY) -m project fit --config $(CONFIG) --ckpt_path last $(ARGS)
 
 test: $(STAMP)  ## run the test suite (extra pytest flags: ARGS="...")
 	$(PY) -m pytest $(ARGS)

@@ -6,10 +6,11 @@ import time
 from pathlib import Path
 
 import torch
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.cli import LightningCLI
 
 from project.callbacks.log_config import LogConfig
+from project.checkpoint import check_checkpoint, read_checkpoint
 from project.data import ImageClassificationDataModule
 from project.distributed import (
     describe_world,
@@ -44,8 +45,11 @@ class ProjectCLI(LightningCLI):
             help="Directory of this run (logs, checkpoints, config.yaml, summary.json). Default: a new "
             "runs/<time> directory; with --ckpt_path, the run that checkpoint belongs to.",
         )
-        parser.add_argument(
-            "--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint."
+        parser.add_argument("--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint.")
+        parser.add_argument(  # issue #4: a ModelCheckpoint takes steps or a time interval, not both, so its own flag
+            "--checkpoint_every_n_steps", type=int, default=0,
+            help="Also write checkpoints/last.ckpt every N optimizer steps, mid-epoch included (0 = off; the "
+            "wall-clock interval of the config's second ModelCheckpoint stays on).",
         )
         parser.set_defaults({"trainer.precision": auto_precision()})
         # The data decides classes and input shape; the module and the model receive them, never typed twice.
@@ -59,9 +63,19 @@ class ProjectCLI(LightningCLI):
             "data.in_channels", "model.init_args.model.init_args.in_channels", apply_on="instantiate"
         )
 
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # issue #4: LightningCLI next reads the checkpoint's hyperparameters (torch.load): a missing, truncated or
+        # foreign file must be one readable paragraph, not an unpickling traceback. mmap: only the index is read.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and str(ckpt_path) not in ("last", "best", "hpc", "registry"):
+            read_checkpoint(ckpt_path, mmap=True)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         run_dir = resolve_run_dir(config.get("run_dir"), config.get("ckpt_path"))
+        check_writable(run_dir)  # issue #4: fail before training, not at the first checkpoint
         config.run_dir = str(run_dir)
         os.environ[RUN_DIR_ENV] = str(run_dir)
         trainer = config.trainer
@@ -71,20 +85,25 @@ class ProjectCLI(LightningCLI):
         for logger in trainer.logger if isinstance(trainer.logger, list) else []:
             if "save_dir" in logger.init_args:
                 logger.init_args.save_dir = str(run_dir)
-        if (
-            trainer.enable_progress_bar is False
-        ):  # let --trainer.enable_progress_bar false win over the YAML's bar
-            trainer.callbacks = [
-                c for c in trainer.callbacks or [] if not c.class_path.endswith("ProgressBar")
-            ]
+        if trainer.enable_progress_bar is False:  # let --trainer.enable_progress_bar false win over the YAML's bar
+            trainer.callbacks = [c for c in trainer.callbacks or [] if not c.class_path.endswith("ProgressBar")]
         for callback in trainer.callbacks or []:
-            if callback.class_path.endswith("ModelCheckpoint") and callback.init_args.get("dirpath") is None:
+            if callback.class_path.endswith(("ModelCheckpoint", "StepCheckpoint")) and callback.init_args.get("dirpath") is None:
                 # A fixed folder (not Lightning's version_N) is what lets `--ckpt_path last` find it.
                 callback.init_args.dirpath = str(run_dir / "checkpoints")
         if self.subcommand == "fit":
             self._fit_started = time.perf_counter()
+            # issue #4: keep the CSV history of a resumed run; mid-epoch `last` checkpoints every N steps.
+            # (A resumed run keeps its W&B run through the id stored in the run dir: project/loggers.py.)
+            keep_csv_history(run_dir, config.get("ckpt_path"))
+            if config.get("checkpoint_every_n_steps"):
+                trainer.callbacks = list(trainer.callbacks or []) + [step_checkpoint(run_dir, config.checkpoint_every_n_steps)]
 
     def before_fit(self) -> None:
+        # issue #4: a truncated, foreign or other-architecture checkpoint is one readable paragraph.
+        ckpt_path = self.config.fit.get("ckpt_path")
+        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
+            check_checkpoint(ckpt_path, self.model)
         if self.config.fit.trainer.get("sync_batchnorm") and type(self.trainer.accelerator).__name__ == "CPUAccelerator":
             # torch's SyncBatchNorm runs on CUDA only; without this check every rank dies in DDP setup.
             raise ConfigError(
@@ -137,11 +156,51 @@ def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
             "(they export PROJECT_RUN_DIR), pass --run_dir runs/<name> (the same on every node), or give torchrun "
             "--rdzv_id <name>."
         )
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    # issue #4: a SLURM job requeued after SIGUSR1 (Lightning saved hpc_ckpt_<n>.ckpt into the run dir) reruns
+    # the same command; it must continue its own run, where Lightning then loads that checkpoint by itself.
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+        previous = sorted(RUNS_DIR.glob(f"*-slurm{job}"))
+        if previous:
+            return previous[-1]
+    stamp = time.strftime("%Y%m%d-%H%M%S") + (f"-slurm{job}" if job else "")
     candidate, n = RUNS_DIR / stamp, 1
     while candidate.exists():  # two runs in the same second get -1, -2, ...
         candidate, n = RUNS_DIR / f"{stamp}-{n}", n + 1
     return candidate
+
+
+def check_writable(run_dir: Path) -> None:
+    """Fail before training when the run directory cannot be written; create nothing that stays behind."""
+    created = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+        for folder in created:  # deepest first: a run that fails before training leaves no empty folders
+            folder.rmdir()
+    except OSError as err:
+        raise ConfigError(
+            f"The run directory '{run_dir}' is not writable ({err.strerror or err}): logs and checkpoints go "
+            "there. Pass a writable one with --run_dir, or run from a writable working directory."
+        ) from err
+
+
+def step_checkpoint(run_dir: Path, every_n_steps: int) -> Namespace:
+    init = {"dirpath": str(run_dir / "checkpoints"), "save_top_k": 0, "save_last": True,
+            "every_n_train_steps": every_n_steps, "enable_version_counter": False}
+    return Namespace(class_path="project.callbacks.StepCheckpoint", init_args=Namespace(**init))
+
+
+def keep_csv_history(run_dir: Path, ckpt_path: str | None) -> None:
+    """CSVLogger deletes an existing metrics.csv; on resume, keep it as metrics.<n>.csv next to the new one."""
+    metrics = run_dir / "metrics.csv"
+    if ckpt_path and metrics.exists():
+        n = 1
+        while (run_dir / f"metrics.{n}.csv").exists():
+            n += 1
+        metrics.rename(run_dir / f"metrics.{n}.csv")
 
 
 def print_summary(run_dir: Path) -> None:
@@ -215,6 +274,15 @@ def main(args: list[str] | None = None) -> None:
         if config_error is None:
             raise
         print(f"\nerror: {config_error}\n", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except torch.OutOfMemoryError as err:  # issue #4: the fix, not a CUDA allocator dump
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
+        print(
+            f"\nerror: out of GPU memory ({first[:160]}). Lower the batch size, e.g. --data.init_args.batch_size 32 "
+            "(the learning rate may need lowering with it), or use mixed precision: --trainer.precision bf16-mixed. "
+            "Resume the run with --ckpt_path last.\n",
+            file=sys.stderr, flush=True,
+        )
         sys.exit(2)
     finally:  # a second run in this process (a notebook, a test) must get its own run directory
         if inherited_run_dir is None:

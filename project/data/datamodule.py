@@ -10,8 +10,10 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.data import digits, image_folder, torchvision_datasets
 from project.data.in_memory import InMemoryLoader
+from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import ImageTensorDataset, stratified_split
 from project.data.transforms import build_transform, channel_stats
+from project.data.validate import check_images, check_labels, check_split_sizes
 from project.errors import ConfigError
 
 Source = Literal["digits", "imagefolder", "cifar10", "mnist", "fashionmnist"]
@@ -95,6 +97,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         hp = self.hparams
         if hp.source == "imagefolder":
             self._setup_image_folder()
+            self._check_split_sizes()
             return
         if hp.source == "digits":
             images, labels = digits.load_digits_tensors()
@@ -104,6 +107,8 @@ class ImageClassificationDataModule(L.LightningDataModule):
         else:
             images, labels = torchvision_datasets.load_split(hp.source, hp.root, True, hp.download)
             test_images, test_labels = torchvision_datasets.load_split(hp.source, hp.root, False, hp.download)
+        check_labels(labels, self.num_classes, f"The {hp.source} training data")  # issue #4: fail before training
+        check_labels(test_labels, self.num_classes, f"The {hp.source} test data")
         train_idx, val_idx = stratified_split(labels, hp.val_fraction, hp.split_seed)
         self.mean, self.std = channel_stats(images[train_idx])  # statistics of the training split only
         policy = "digits" if hp.source in ("digits", "mnist") else "none" if hp.source == "fashionmnist" else "natural"
@@ -119,6 +124,12 @@ class ImageClassificationDataModule(L.LightningDataModule):
         self.train_set = ImageTensorDataset(images[train_idx], labels[train_idx], train_tf)
         self.val_set = ImageTensorDataset(images[val_idx], labels[val_idx], eval_tf)
         self.test_set = ImageTensorDataset(test_images, test_labels, eval_tf)
+        self._check_split_sizes()
+
+    def _check_split_sizes(self) -> None:  # issue #4: an empty split is an error, not a crash at epoch end
+        hp = self.hparams
+        sizes = {"train": len(self.train_set), "val": len(self.val_set), "test": len(self.test_set)}
+        check_split_sizes(sizes, f"val_fraction={hp.val_fraction}, test_fraction={hp.test_fraction}")
 
     def _transforms(self, policy: str):
         size = (self.hparams.image_size,) * 2 if self.hparams.image_size else None
@@ -128,6 +139,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
     def _setup_image_folder(self) -> None:
         hp, size = self.hparams, self.input_shape[1:]
         stats_base = image_folder.split_folder(hp.root, "train", self.class_names, build_transform("none", [0.0] * 3, [1.0] * 3, False, False, size))
+        check_images(stats_base.samples, stats_base.root)  # issue #4: unreadable files fail before training
         self.mean, self.std = _folder_stats(stats_base)
         train_tf, eval_tf = (
             build_transform("natural", self.mean, self.std, train=t, augment=hp.augment, size=size) for t in (True, False)
@@ -137,10 +149,14 @@ class ImageClassificationDataModule(L.LightningDataModule):
         labels = train_aug.targets
         index = list(range(len(labels)))
         test = image_folder.split_folder(hp.root, "test", self.class_names, eval_tf)
+        if test is not None:
+            check_images(test.samples, test.root)
         if test is None:
             index, test_idx = _carve(labels, index, hp.test_fraction, hp.split_seed, "test")
             test = Subset(train_eval, test_idx)
         val = image_folder.split_folder(hp.root, "val", self.class_names, eval_tf)
+        if val is not None:
+            check_images(val.samples, val.root)
         if val is None:
             index, val_idx = _carve(labels, index, hp.val_fraction, hp.split_seed, "val")
             val = Subset(train_eval, val_idx)
@@ -156,27 +172,32 @@ class ImageClassificationDataModule(L.LightningDataModule):
                 f"The training split has {len(dataset)} samples, fewer than data.batch_size="
                 f"{self.hparams.batch_size}; with drop_last no batch would remain. Lower --data.init_args.batch_size."
             )
-        sampler = None
-        if not train and self.trainer is not None and self.trainer.world_size > 1:
-            # DDP: Lightning's default DistributedSampler pads the last shard with repeated samples so all ranks
-            # run equally many batches, and those repeats would be counted twice in val/test metrics. This
-            # sampler gives each sample to exactly one rank (shards differ by at most one sample); that is safe
-            # in evaluation, where DDP syncs buffers on the first batch only. Lightning keeps a loader's own
-            # DistributedSampler; training keeps Lightning's shuffling, per-epoch reseeded one.
-            sampler = UnrepeatedDistributedSampler(
-                dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
-            )
-        return DataLoader(
-            dataset,
+        common = dict(
             batch_size=self.hparams.batch_size,
-            shuffle=train,
-            sampler=sampler,
-            drop_last=train,  # equal-size steps keep BatchNorm stable and every DDP rank in lockstep
             num_workers=workers,
             pin_memory=pin,  # Lightning copies pinned batches to the GPU with non_blocking=True
             persistent_workers=workers > 0,
             prefetch_factor=2 if workers > 0 else None,
+            # Own generator: creating an iterator then never draws from the global RNG, so validation
+            # cannot shift the training augmentation stream (resume and determinism, issue #4).
+            generator=torch.Generator(),
         )
+        if train:
+            # Shuffled, drop_last (equal-size steps keep BatchNorm stable and every DDP rank in lockstep), and
+            # resumable mid-epoch: its position is saved in checkpoints (issue #4, resumable_loader.py).
+            seed = int(os.environ.get("PL_GLOBAL_SEED", self.hparams.split_seed))
+            return ResumableDataLoader(dataset, seed=seed, **common)
+        sampler = None
+        if self.trainer is not None and self.trainer.world_size > 1:
+            # DDP: Lightning's default DistributedSampler pads the last shard with repeated samples so all ranks
+            # run equally many batches, and those repeats would be counted twice in val/test metrics. This
+            # sampler gives each sample to exactly one rank (shards differ by at most one sample); that is safe
+            # in evaluation, where DDP syncs buffers on the first batch only. Lightning keeps a loader's own
+            # DistributedSampler.
+            sampler = UnrepeatedDistributedSampler(
+                dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
+            )
+        return DataLoader(dataset, shuffle=False, sampler=sampler, **common)
 
     def use_in_memory(self) -> bool:
         """The in-memory path unless forced off, for ImageFolder, overfit_batches (needs a DataLoader's

@@ -24,8 +24,11 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
     for cls in classes:
         for f in sorted((train / cls).iterdir()):
             if f.suffix.lower() in IMG_EXTENSIONS:
-                with Image.open(f) as im:
-                    return classes, (im.height, im.width)
+                try:
+                    with Image.open(f) as im:
+                        return classes, (im.height, im.width)
+                except Exception:  # issue #4: an unreadable file is reported with all others at setup
+                    continue
     raise ConfigError(f"'{train}' has class folders {classes} but no images ({', '.join(IMG_EXTENSIONS)}).")
 
 

@@ -1,0 +1,78 @@
+"""GracefulStop: SIGTERM / Ctrl+C save a resumable `last` checkpoint, then exit with 143 / 130."""
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+
+class GracefulStop(Callback):
+    """Turns SIGTERM and SIGINT into "finish this step, save `last`, exit 128 + signal number".
+
+    The checkpoint is written in on_train_batch_end, the same point where ModelCheckpoint's step-based saves
+    happen, so Lightning's restart logic treats it like any mid-epoch checkpoint. A signal that arrives during
+    validation takes effect after the next training step. A second Ctrl+C stops at once without saving.
+    Lightning's own SIGTERM handler is replaced during fit: it would abort validation half-way and exit 0.
+    SLURM's requeue signal (SIGUSR1 with SLURMEnvironment(auto_requeue=True)) stays with Lightning, which
+    saves hpc_ckpt_<n>.ckpt into the run directory and requeues the job.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self._received: int | None = None
+        self._previous: dict = {}
+
+    def on_fit_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        self._received = None
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be installed from the main thread
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if not self._previous:  # fit is over (a handler left installed must not swallow a later Ctrl+C)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if self._received is not None and signum == signal.SIGINT:
+            self._restore()
+            raise KeyboardInterrupt  # second Ctrl+C: stop now
+        self._received = signum
+        print(f"\nReceived {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting.",
+              file=sys.stderr, flush=True)
+
+    def on_train_batch_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int) -> None:
+        if self._received is None or batch_idx + 1 >= trainer.num_training_batches:
+            return  # on an epoch's last batch, wait for the next epoch's first (see StepCheckpoint)
+        signum, self._received = self._received, None
+        path = last_checkpoint_path(trainer)
+        trainer.save_checkpoint(path)
+        print(f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).", file=sys.stderr, flush=True)
+        self._restore()  # the exception path skips the teardown hook
+        raise SystemExit(128 + signum)  # 143 for SIGTERM, 130 for SIGINT: schedulers see a non-success
+
+    def on_exception(self, trainer: "L.Trainer", pl_module: "L.LightningModule", exception: BaseException) -> None:
+        self._restore()
+
+    def teardown(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+def last_checkpoint_path(trainer: "L.Trainer") -> str:
+    """Where `--ckpt_path last` looks: the first ModelCheckpoint's last.ckpt, else <run dir>/checkpoints."""
+    ckpt = next((c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath), None)
+    folder = Path(ckpt.dirpath) if ckpt else Path(trainer.default_root_dir) / "checkpoints"
+    return str(folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}")

@@ -1,0 +1,101 @@
+"""A training DataLoader that can stop anywhere in an epoch and continue at the same sample.
+
+Lightning saves the train loader's position in every checkpoint when the *loader object* has
+`state_dict()` / `load_state_dict()` (FitLoop.on_save_checkpoint -> CombinedLoader._state_dicts), and restores
+it in FitLoop.setup_data before the first batch of the resumed run. A plain DataLoader has neither, so this
+subclass provides them; any other loader (e.g. an in-memory batch loader) only needs the same two methods
+plus `set_epoch(epoch)` to plug into the same mechanism.
+
+How the position is exact:
+- The order of epoch `e` is `randperm(n)` from a generator seeded with `epoch_seed(seed, e)`: a function of
+  (seed, epoch) only, never of the global RNG, so a resumed process recomputes the same order.
+- `state_dict()` records the epoch and the number of batches this loader has *handed out* in it. Lightning
+  does not prefetch from loaders with a length, so at a checkpoint (on_train_batch_end) that is exactly the
+  number of batches trained on. A resumed iterator skips that many batches' indices without loading them.
+- Worker processes (num_workers > 0) draw their base seed from `self.generator`, which is re-seeded per epoch,
+  so worker augmentation is the same after an epoch-boundary resume. Mid-epoch with workers, the batch that
+  follows a resume is the same sample set, but its random augmentation differs (each worker's RNG has
+  consumed a different number of draws); with num_workers=0 augmentation uses the global torch RNG, which
+  RNGState restores, so mid-epoch resume is exact.
+"""
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from project.rng import epoch_seed
+
+
+class ResumableSampler(Sampler[int]):
+    """A random permutation per epoch, fixed by (seed, epoch), that can start `start` samples in."""
+
+    def __init__(self, num_samples: int, seed: int = 0) -> None:
+        self.num_samples, self.seed = num_samples, seed
+        self.epoch = 0
+        self.start = 0  # samples to skip in the next iteration only (set when resuming mid-epoch)
+
+    def set_epoch(self, epoch: int) -> None:  # called by Lightning before each epoch
+        self.epoch = epoch
+
+    def order(self) -> list[int]:
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        start, self.start = self.start, 0
+        yield from self.order()[start:]
+
+    def __len__(self) -> int:
+        return self.num_samples  # the full epoch: Lightning's epoch length must not shrink after a resume
+
+
+class ResumableDataLoader(DataLoader):
+    """Shuffled training loader (drop_last) whose position is saved in and restored from checkpoints.
+
+    Args:
+        dataset: a map-style dataset.
+        batch_size: samples per batch.
+        seed: data-order seed (the run's seed); the order of epoch e depends on (seed, e) only.
+        **kwargs: the remaining DataLoader arguments (num_workers, pin_memory, ...). `shuffle`, `sampler`
+            and `drop_last` are fixed here; a `sampler` passed in (Lightning re-creating the loader,
+            e.g. with a DistributedSampler) is kept, and then mid-epoch skipping is disabled.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int = 0, sampler: Sampler | None = None, **kwargs: Any) -> None:
+        kwargs.pop("shuffle", None)
+        kwargs.pop("drop_last", None)
+        kwargs.setdefault("generator", torch.Generator())  # worker base seeds: never from the global RNG
+        sampler = sampler if sampler is not None else ResumableSampler(len(dataset), seed)
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kwargs)
+        self.seed = seed
+        self._batches = 0  # batches handed out in the current epoch
+        self._resume: dict | None = None  # position loaded from a checkpoint, applied on the next iteration
+
+    @property
+    def epoch(self) -> int:
+        return getattr(self.sampler, "epoch", 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: its body runs at the first next(), after Lightning has called set_epoch.
+        skip = 0
+        if self._resume is not None and self._resume["epoch"] == self.epoch and self._resume["batches"] < len(self):
+            skip = self._resume["batches"]
+        self._resume = None
+        if skip and isinstance(self.sampler, ResumableSampler):
+            self.sampler.start = skip * self.batch_size
+        elif skip:
+            skip = 0  # a foreign sampler cannot skip; the epoch restarts from its beginning
+        if self.generator is not None:
+            self.generator.manual_seed(epoch_seed(self.seed, self.epoch, stream=1))
+        self._batches = skip
+        for batch in super().__iter__():
+            self._batches += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batches": self._batches, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume = dict(state)

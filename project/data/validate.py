@@ -1,0 +1,55 @@
+"""Checks on the data before training starts: unreadable images, labels out of range, empty splits.
+
+Each failure is one ConfigError paragraph naming what is wrong, where, and the fix: a run that would crash
+an hour in (a corrupt JPEG in epoch 3, a label 10 with 10 classes) fails in the first seconds instead.
+"""
+
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from project.errors import ConfigError
+
+
+def check_images(samples: list[tuple[str, int]], folder: str | Path) -> None:
+    """Every (path, label) of an ImageFolder must be a readable image; fail listing the ones that are not.
+
+    PIL's verify() reads the file structure without decoding pixels (PNG checksums included), so it is much
+    cheaper than loading; a JPEG truncated inside its pixel data can still pass and would fail when loaded.
+    """
+    bad = []
+    for path, _ in samples:
+        try:
+            with Image.open(path) as im:
+                im.verify()
+        except Exception as err:  # PIL raises many types: UnidentifiedImageError, OSError, SyntaxError, ...
+            bad.append(f"{path} ({type(err).__name__}: {str(err)[:80]})")
+    if bad:
+        listed = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise ConfigError(
+            f"{len(bad)} of {len(samples)} files under '{folder}' are not readable images: {listed}. Delete or "
+            "replace them (class folders may only hold images), then start again. Nothing was trained."
+        )
+
+
+def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
+    """Labels must lie in 0..num_classes-1 (CrossEntropy would fail mid-run with an index error)."""
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        bad = labels[(labels < 0) | (labels >= num_classes)]
+        raise ConfigError(
+            f"{where} has {len(bad)} labels outside 0..{num_classes - 1} (for example {sorted(set(bad.tolist()))[:5]}), "
+            f"but the data module has {num_classes} classes. Fix the labels in the data, or the class list the "
+            "data module reports (num_classes comes from it)."
+        )
+
+
+def check_split_sizes(sizes: dict[str, int], fractions: str) -> None:
+    """No split may be empty after the train/val/test carving."""
+    empty = [name for name, n in sizes.items() if n == 0]
+    if empty:
+        counts = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        raise ConfigError(
+            f"The {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty after carving ({counts}; "
+            f"{fractions}). Add data, or change --data.init_args.val_fraction / --data.init_args.test_fraction."
+        )

@@ -1,0 +1,28 @@
+"""Run-directory and logger plumbing for resuming: SLURM requeue, wandb run id, CSV history (no training)."""
+
+from jsonargparse import Namespace
+
+from project.cli import keep_csv_history, resolve_run_dir
+
+
+def test_requeued_slurm_job_continues_its_own_run_dir(in_tmp, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    first = resolve_run_dir(None, None)
+    assert first.name.endswith("-slurm4242")
+    first.mkdir(parents=True)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert resolve_run_dir(None, None) == first
+
+
+def test_resumed_run_reuses_the_wandb_run_id(tmp_path):
+    from project.loggers import wandb_run_id
+
+    first = wandb_run_id(tmp_path)
+    assert wandb_run_id(tmp_path) == first  # the same run dir (a resume) gets the same W&B run
+
+
+def test_resume_keeps_previous_csv_metrics(tmp_path):
+    (tmp_path / "metrics.csv").write_text("epoch\n0\n")
+    keep_csv_history(tmp_path, "last")
+    assert (tmp_path / "metrics.1.csv").read_text() == "epoch\n0\n" and not (tmp_path / "metrics.csv").exists()
