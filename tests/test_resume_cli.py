@@ -1,6 +1,5 @@
 """Run-directory and logger plumbing for resuming: SLURM requeue, wandb run id, CSV history (no training)."""
 
-from jsonargparse import Namespace
 
 from project.cli import keep_csv_history, resolve_run_dir
 
