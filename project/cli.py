@@ -267,6 +267,16 @@ def main(args: list[str] | None = None) -> None:
             flush=True,
         )
         sys.exit(2)
+    except torch.OutOfMemoryError as err:  # issue #4: the fix, not a CUDA allocator dump
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
+        print(
+            f"\nerror: out of GPU memory ({first[:160]}). Lower the batch size, e.g. --data.init_args.batch_size 32 "
+            "(the learning rate may need lowering with it), or use mixed precision: --trainer.precision bf16-mixed. "
+            "Resume the run with --ckpt_path last.\n",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(2)
     except Exception as err:
         # jsonargparse wraps errors raised while instantiating a class (ValueError: "Does not validate against
         # any of the Union subtypes"); dig out our own ConfigError so the user sees its one paragraph.
@@ -274,15 +284,6 @@ def main(args: list[str] | None = None) -> None:
         if config_error is None:
             raise
         print(f"\nerror: {config_error}\n", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except torch.OutOfMemoryError as err:  # issue #4: the fix, not a CUDA allocator dump
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
-        print(
-            f"\nerror: out of GPU memory ({first[:160]}). Lower the batch size, e.g. --data.init_args.batch_size 32 "
-            "(the learning rate may need lowering with it), or use mixed precision: --trainer.precision bf16-mixed. "
-            "Resume the run with --ckpt_path last.\n",
-            file=sys.stderr, flush=True,
-        )
         sys.exit(2)
     finally:  # a second run in this process (a notebook, a test) must get its own run directory
         if inherited_run_dir is None:

@@ -33,7 +33,9 @@ class SampleProbe(Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loader = trainer.train_dataloader
-        sampler = loader.sampler  # Lightning's DistributedSampler, already set_epoch()-ed for this epoch
+        # Lightning's DistributedSampler (DataLoader path) or the in-memory loader's EpochSampler, both already
+        # set_epoch()-ed for this epoch.
+        sampler = loader.sampler
         consumed = len(loader) * loader.batch_size  # drop_last: the tail of the shard is never read
         self.record["train_epochs"].append(
             {
@@ -68,7 +70,7 @@ class SampleProbe(Callback):
         return {
             "indices": list(loader.sampler),
             "counted": float(loss_metric.weight),
-            "dataset": len(loader.dataset),
+            "dataset": len(loader.dataset) if hasattr(loader, "dataset") else len(loader.labels),  # in-memory loader
         }
 
 

@@ -44,7 +44,8 @@ def test_fit_trains_tests_and_leaves_a_complete_run_directory(in_tmp, capsys):
     # The checkpoint rebuilds its model from the saved config, and loads with weights_only=True.
     model = ClassificationModule.load_from_checkpoint(summary["best_checkpoint"], weights_only=True)
     assert type(model.model).__name__ == "ConvNet" and model.num_classes == 10  # linked from the data
-    assert model.hparams.model["init_args"]["num_classes"] == 10
+    hparams = torch.load(summary["best_checkpoint"], weights_only=True)["hyper_parameters"]
+    assert hparams["model"]["init_args"]["num_classes"] == 10
 
 
 @pytest.mark.slow

@@ -140,6 +140,7 @@ def test_make_train_ddp_two_cpu_processes(tmp_path):
                 "config.yaml",
                 "hparams.yaml",
                 "metrics.csv",
+                "report.png",
                 "summary.json",
                 *events,
             ]
@@ -160,7 +161,7 @@ def test_make_train_ddp_two_cpu_processes(tmp_path):
     # Sharding: per epoch, disjoint rank sets whose union is the training set up to drop_last; a new order each epoch.
     r0, r1 = ranks(tmp_path / "probe")
     assert r0["world_size"] == r1["world_size"] == 2
-    assert r0["train_epochs"][0]["sampler"] == "DistributedSampler"
+    assert r0["train_epochs"][0]["sampler"] == "EpochSampler"  # digits default to the in-memory loader
     for e in range(2):
         a, b = (r["train_epochs"][e] for r in (r0, r1))
         assert a["epoch"] == b["epoch"] == e
@@ -219,6 +220,9 @@ def test_two_torchrun_nodes_train_together_and_match_one_process(tmp_path):
         "--data.init_args.batch_size",
         "32",
         "--data.init_args.augment",
+        "false",
+        # The DataLoader path with Lightning's DistributedSampler, whose order GlobalBatches replays.
+        "--data.init_args.in_memory",
         "false",
         "--model.init_args.model",
         "tests.ddp_probe.PlainCNN",

@@ -149,17 +149,17 @@ class ImageClassificationDataModule(L.LightningDataModule):
         labels = train_aug.targets
         index = list(range(len(labels)))
         test = image_folder.split_folder(hp.root, "test", self.class_names, eval_tf)
-        if test is not None:
-            check_images(test.samples, test.root)
         if test is None:
             index, test_idx = _carve(labels, index, hp.test_fraction, hp.split_seed, "test")
             test = Subset(train_eval, test_idx)
+        else:
+            check_images(test.samples, test.root)
         val = image_folder.split_folder(hp.root, "val", self.class_names, eval_tf)
-        if val is not None:
-            check_images(val.samples, val.root)
         if val is None:
             index, val_idx = _carve(labels, index, hp.val_fraction, hp.split_seed, "val")
             val = Subset(train_eval, val_idx)
+        else:
+            check_images(val.samples, val.root)
         self.train_set, self.val_set, self.test_set = Subset(train_aug, index), val, test
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
@@ -204,7 +204,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         sampler to turn shuffling off), or splits larger than a quarter of the free memory."""
         if self.hparams.in_memory is not None:
             return self.hparams.in_memory
-        if not self.tensors or (self.trainer is not None and self.trainer.overfit_batches > 0):
+        if not self.tensors or getattr(self.trainer, "overfit_batches", 0):
             return False
         need = sum(x.numel() * x.element_size() for x, _ in self.tensors.values())
         device = self._device()

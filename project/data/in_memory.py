@@ -45,6 +45,12 @@ class EpochSampler:
             self.on_new_epoch()
         self.epoch = epoch
 
+    def __iter__(self) -> Iterator[int]:  # the current epoch's indices, like any torch sampler
+        return iter(self.indices(self.epoch).tolist())
+
+    def __len__(self) -> int:
+        return len(self.indices(self.epoch))
+
     def indices(self, epoch: int) -> Tensor:
         if self.shuffle:
             g = torch.Generator().manual_seed(_mix(self.seed, epoch))
