@@ -176,29 +176,25 @@ def test_make_train_ddp_two_cpu_processes(tmp_path):
 
 
 class GlobalBatches:
-    """Batch sampler for one process: batch k = rank 0's batch k + rank 1's batch k, from the same samplers DDP used.
+    """Batch sampler for one process: batch k of epoch e = rank 0's batch k + rank 1's batch k, exactly as the
+    probe recorded them in the DDP run (whatever sampler Lightning used there).
 
     Lightning calls `set_epoch` on `batch_sampler.sampler`, so `sampler` is this object itself.
     """
 
-    def __init__(self, dataset, world_size: int, batch_size: int, seed: int) -> None:
-        from torch.utils.data import DistributedSampler
-
-        self.shards = [
-            DistributedSampler(dataset, world_size, r, shuffle=True, seed=seed) for r in range(world_size)
-        ]
-        self.batch_size, self.sampler, self.seen = batch_size, self, []
+    def __init__(self, rank_epochs: list[list[list[int]]], batch_size: int) -> None:
+        self.rank_epochs, self.batch_size, self.sampler = rank_epochs, batch_size, self
+        self.epoch, self.seen = 0, []
 
     def set_epoch(self, epoch: int) -> None:
-        for shard in self.shards:
-            shard.set_epoch(epoch)
+        self.epoch = epoch
         self.seen.append([])
 
     def __len__(self) -> int:
-        return len(self.shards[0]) // self.batch_size  # drop_last, as the data module's train loader
+        return len(self.rank_epochs[0][0]) // self.batch_size  # drop_last, as the data module's train loader
 
     def __iter__(self):
-        shards = [list(s) for s in self.shards]
+        shards = [epochs[self.epoch] for epochs in self.rank_epochs]
         for k in range(len(self)):
             batch = [i for shard in shards for i in shard[k * self.batch_size : (k + 1) * self.batch_size]]
             self.seen[-1].append(batch)
@@ -220,9 +216,6 @@ def test_two_torchrun_nodes_train_together_and_match_one_process(tmp_path):
         "--data.init_args.batch_size",
         "32",
         "--data.init_args.augment",
-        "false",
-        # The DataLoader path with Lightning's DistributedSampler, whose order GlobalBatches replays.
-        "--data.init_args.in_memory",
         "false",
         "--model.init_args.model",
         "tests.ddp_probe.PlainCNN",
@@ -279,7 +272,9 @@ def test_two_torchrun_nodes_train_together_and_match_one_process(tmp_path):
     module.load_state_dict(torch.load(tmp_path / "probe" / "init.pt"))
     data = ImageClassificationDataModule(batch_size=64, augment=False)
     data.setup("fit")
-    batches = GlobalBatches(data.train_set, world_size=2, batch_size=32, seed=summary["seed"])
+    r0, r1 = ranks(tmp_path / "probe")
+    recorded = [[e["indices"] for e in r["train_epochs"]] for r in (r0, r1)]
+    batches = GlobalBatches(recorded, batch_size=32)
     loader = torch.utils.data.DataLoader(data.train_set, batch_sampler=batches)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -298,7 +293,6 @@ def test_two_torchrun_nodes_train_together_and_match_one_process(tmp_path):
     finally:
         torch.set_num_threads(threads)
 
-    r0, r1 = ranks(tmp_path / "probe")
     for e in range(epochs):  # the replay really saw the DDP ranks' batches
         assert [i for b in batches.seen[e] for i in b[:32]] == r0["train_epochs"][e]["indices"]
         assert [i for b in batches.seen[e] for i in b[32:]] == r1["train_epochs"][e]["indices"]

@@ -43,13 +43,15 @@ def test_torchrun_without_a_run_name_is_an_error_that_names_the_fix(no_launcher)
         resolve_run_dir(None, None)
 
 
-def test_val_and_test_shards_cover_each_sample_exactly_once():
-    data = ImageClassificationDataModule(batch_size=32, val_fraction=0.1005, test_fraction=0.2005)
+@pytest.mark.parametrize("in_memory", [True, False], ids=["in-memory", "dataloader"])
+def test_val_and_test_shards_cover_each_sample_exactly_once(in_memory):
+    data = ImageClassificationDataModule(batch_size=32, val_fraction=0.1005, test_fraction=0.2005, in_memory=in_memory)
     data.setup("fit")
     for stage in ("val", "test"):
         seen = []
         for rank in range(3):  # 145 and 361 samples over 3 ranks: uneven shards
-            data.trainer = SimpleNamespace(world_size=3, global_rank=rank)
+            cpu = SimpleNamespace(root_device=torch.device("cpu"))
+            data.trainer = SimpleNamespace(world_size=3, global_rank=rank, strategy=cpu, overfit_batches=0)
             loader = getattr(data, f"{stage}_dataloader")()
             seen += list(loader.sampler)
         size = len(getattr(data, f"{stage}_set"))
