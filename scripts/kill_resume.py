@@ -29,6 +29,8 @@ FLAGS = [
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
     "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2",
     "--trainer.limit_test_batches", "2", "--checkpoint_every_n_steps", "1",
+    # Augmentation on (the digits default is off): its random stream is what a resume must restore exactly.
+    "--data.init_args.augment", "true",
 ]
 
 
