@@ -166,6 +166,10 @@ class InMemoryLoader:
         self.position = 0
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        if not self.shuffle:
+            # Evaluation always starts at the split's first batch: a sanity check or limit_val_batches stops
+            # an iteration early, and continuing from there would validate on other samples next time.
+            self.position = 0
         if self.position >= len(self):  # the previous epoch ran to its end: start the next one
             self.sampler.epoch += 1
             self.position = 0
