@@ -88,7 +88,7 @@ def check_data(data: dict) -> tuple[str, str | None]:
     args = data.get("init_args", {}) or {}
     source, root = args.get("source", "digits"), args.get("root")
     if source == "digits":
-        return "digits: embedded in scikit-learn, no files needed", None
+        return "digits: embedded (project/data/digits.csv.gz), no files needed", None
     if root is None:
         return (
             f"{source}: no root",

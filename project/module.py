@@ -105,7 +105,7 @@ class ClassificationModule(L.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         # Logged once per epoch: a per-step self.log costs a host sync each step (see `make bench`).
-        self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc}, prog_bar=True)
+        self._log_metrics({"train/loss": "train_loss", "train/acc": "train_acc"}, prog_bar=True)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss, logits, y = self._shared_step(batch)
@@ -118,10 +118,10 @@ class ClassificationModule(L.LightningModule):
         acc = self.val_acc.compute()
         if not self.trainer.sanity_checking:
             self.val_acc_best.update(acc)
-        metrics = {"val/loss": self.val_loss, "val/acc": self.val_acc}
+        metrics = {"val/loss": "val_loss", "val/acc": "val_acc"}
         if self.top5:
-            metrics["val/acc_top5"] = self.val_acc5
-        self.log_dict(metrics, prog_bar=True)
+            metrics["val/acc_top5"] = "val_acc5"
+        self._log_metrics(metrics, prog_bar=True)
         if not self.trainer.sanity_checking:
             # Same value on every rank (from synced val/acc); sync_dist only silences the DDP warning.
             self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
@@ -135,10 +135,19 @@ class ClassificationModule(L.LightningModule):
         return logits  # for callbacks: RunReport's confusion matrix and wrong examples reuse them
 
     def on_test_epoch_end(self) -> None:
-        metrics = {"test/loss": self.test_loss, "test/acc": self.test_acc}
+        metrics = {"test/loss": "test_loss", "test/acc": "test_acc"}
         if self.top5:
-            metrics["test/acc_top5"] = self.test_acc5
-        self.log_dict(metrics)
+            metrics["test/acc_top5"] = "test_acc5"
+        self._log_metrics(metrics)
+
+    def _log_metrics(self, keys: dict[str, str], **kwargs) -> None:
+        """Log metric objects ({log key: attribute name}); Lightning computes, syncs and resets them.
+
+        Naming the attribute spares Lightning's search for it: on the first log call that search runs
+        isinstance(module, Metric) over every submodule, ~0.15 s of ABC subclass checks on 2 CPU cores.
+        """
+        for key, attribute in keys.items():
+            self.log(key, getattr(self, attribute), metric_attribute=attribute, **kwargs)
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
@@ -158,7 +167,10 @@ class ClassificationModule(L.LightningModule):
 
     def configure_optimizers(self):
         world_size = self._trainer.world_size if self._trainer is not None else 1
-        optimizer = torch.optim.AdamW(self.param_groups(), lr=self.scaled_lr(world_size), betas=self.hparams.betas)
+        groups = self.param_groups()
+        optimizer = torch.optim.AdamW(
+            groups, lr=self.scaled_lr(world_size), betas=self.hparams.betas, fused=fused_supported(groups)
+        )
         scheduler = LambdaLR(optimizer, self._lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -182,6 +194,17 @@ class ClassificationModule(L.LightningModule):
             for group, base_lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
                 group["lr"] = base_lr * self._lr_factor(scheduler.last_epoch)
             scheduler._last_lr = [g["lr"] for g in scheduler.optimizer.param_groups]
+
+
+def fused_supported(groups: list[dict]) -> bool:
+    """Whether torch's fused AdamW kernel can update these parameters (floating point, on CPU or CUDA).
+
+    One kernel for all parameters instead of a loop over them: the same update, and on the digits ConvNet
+    (2 CPU cores) the optimizer step took 0.34 ms instead of 1.1 ms, ~5% of a training step (`make bench`).
+    Other devices (MPS, XLA) keep the default implementation.
+    """
+    params = [p for g in groups for p in g["params"]]
+    return bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
 
 
 def check_output_shape(model: nn.Module, input_shape: tuple[int, ...], num_classes: int) -> None:

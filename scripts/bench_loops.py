@@ -28,29 +28,54 @@ DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
 
 
 class EpochClock(Callback):
-    """Wall time at each training epoch start and at the end of fit (validation and checkpoints included)."""
+    """Wall and CPU time of each template epoch (training, validation and checkpoints), nothing per batch.
 
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.cpu: list[float] = []  # process CPU time at the same points (see steady_samples_per_s)
-        self.end = 0.0
-        self.step_seconds = 0.0
-        self._t = 0.0
+    With a RawLoop it also runs one raw epoch at each epoch start, before the template's epoch begins: each
+    template epoch is compared with the raw epoch that ran a moment before it on the same cores, so a slow
+    patch of a shared machine hits both sides of a pair. It is put first in the callback list, so the raw
+    epoch runs before any template hook of that epoch and is excluded from the template's time.
+    Only epoch hooks: a callback costs every training step a few microseconds per hook it is called for.
+    """
+
+    def __init__(self, raw: "RawLoop | None" = None) -> None:
+        self.raw = raw
+        self.starts: list[float] = []  # template epoch k runs from starts[k] to ends[k]
+        self.ends: list[float] = []
+        self.cpu_starts: list[float] = []  # process CPU time at the same points (see steady_cpu_samples_per_s)
+        self.cpu_ends: list[float] = []
+        self.raw_seconds: list[float] = []
+        self.raw_cpu_seconds: list[float] = []
+
+    def _close(self) -> None:
+        if len(self.ends) < len(self.starts):
+            self.ends.append(time.perf_counter())
+            self.cpu_ends.append(time.process_time())
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._close()
+        if self.raw is not None:
+            wall, cpu = self.raw.epoch()
+            self.raw_seconds.append(wall)
+            self.raw_cpu_seconds.append(cpu)
         self.starts.append(time.perf_counter())
-        self.cpu.append(time.process_time())
+        self.cpu_starts.append(time.process_time())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._close()
+
+
+class StepTimer(Callback):
+    """Per-step timing for data_wait_fraction (separate runs: its hooks and profiler cost every step)."""
+
+    def __init__(self, clock: EpochClock) -> None:
+        self.clock, self.step_seconds, self._t = clock, 0.0, 0.0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._t = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if len(self.starts) > 1:  # steady-state epochs only
+        if len(self.clock.starts) > 1:  # steady-state epochs only
             self.step_seconds += time.perf_counter() - self._t
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.end = time.perf_counter()
-        self.cpu.append(time.process_time())
 
 
 class FetchTimer(Profiler):
@@ -73,23 +98,38 @@ class FetchTimer(Profiler):
 
 
 class _BenchCLI(ProjectCLI):
-    """ProjectCLI (same config, same defaults) with the bench's clock and fetch timer attached before fit."""
+    """ProjectCLI (same config, same defaults) with the bench's clock attached before fit."""
 
+    raw_loop: "RawLoop | None" = None  # set by template_run
+    instrument = False
     clock: EpochClock
-    fetch: FetchTimer
+    steps: "StepTimer | None" = None
+    fetch: "FetchTimer | None" = None
 
     def before_fit(self) -> None:
-        self.clock = EpochClock()
-        self.fetch = FetchTimer(self.clock)
-        self.trainer.callbacks.append(self.clock)
-        self.trainer.profiler = self.fetch
+        self.clock = EpochClock(self.raw_loop)
+        self.trainer.callbacks.insert(0, self.clock)  # first: its raw epoch runs before the template's hooks
+        if self.instrument:
+            self.steps, self.fetch = StepTimer(self.clock), FetchTimer(self.clock)
+            self.trainer.callbacks.append(self.steps)
+            self.trainer.profiler = self.fetch
 
 
 def template_run(
-    epochs: int, batch_size: int = 64, extra: list[str] | None = None, quiet: bool = True
+    epochs: int,
+    batch_size: int = 64,
+    extra: list[str] | None = None,
+    quiet: bool = True,
+    raw: dict | None = None,
+    instrument: bool = False,
 ) -> dict:
     """Train through ProjectCLI with configs/default.yaml as `make train` does (loggers, metrics, checkpoints,
-    progress bar), minus the final test. Returns epoch times, samples per epoch and data-wait seconds."""
+    progress bar), minus the final test. Returns epoch wall and CPU times and samples per epoch.
+
+    raw: RawLoop keyword arguments; one hand-written-loop epoch then runs before each template epoch (see
+        EpochClock) and the result has a "raw" entry shaped like raw_run's.
+    instrument: also time each step and each batch fetch ("step_seconds", "fetch_seconds"): for
+        data_wait_fraction, in runs of their own since the timers slow every step."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         args = [
             "fit",
@@ -106,6 +146,8 @@ def template_run(
             *(extra or []),
         ]
         sink = io.StringIO() if quiet else None
+        _BenchCLI.raw_loop = RawLoop(epochs, batch_size, **raw) if raw is not None else None
+        _BenchCLI.instrument = instrument
         argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees the bench's own flags
         with contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
             try:
@@ -121,77 +163,102 @@ def template_run(
                 os.environ.pop(RUN_DIR_ENV, None)
                 sys.argv = argv
         clock, trainer = cli.clock, cli.trainer
-        times = [b - a for a, b in zip(clock.starts, [*clock.starts[1:], clock.end], strict=True)]
-        cpu = [b - a for a, b in zip(clock.cpu, clock.cpu[1:], strict=False)]
         steps = trainer.num_training_batches
-        return {
-            "epoch_seconds": times,
-            "epoch_cpu_seconds": cpu,
+        result = {
+            "epoch_seconds": [b - a for a, b in zip(clock.starts, clock.ends, strict=True)],
+            "epoch_cpu_seconds": [b - a for a, b in zip(clock.cpu_starts, clock.cpu_ends, strict=True)],
             "samples_per_epoch": steps * batch_size,
-            "fetch_seconds": cli.fetch.seconds,
-            "step_seconds": clock.step_seconds,
             "val_acc": float(trainer.callback_metrics.get("val/acc", -1)),
         }
+        if instrument:
+            result["fetch_seconds"], result["step_seconds"] = cli.fetch.seconds, cli.steps.step_seconds
+        if clock.raw is not None:
+            result["raw"] = {
+                "epoch_seconds": clock.raw_seconds,
+                "epoch_cpu_seconds": clock.raw_cpu_seconds,
+                "samples_per_epoch": clock.raw.samples_per_epoch,
+                "val_acc": clock.raw.val_acc,
+            }
+        _BenchCLI.raw_loop, _BenchCLI.instrument = None, False
+        return result
 
 
-def raw_run(
-    epochs: int,
-    batch_size: int = 64,
-    seed: int = 0,
-    width: int = 32,
-    lr: float = 3e-3,
-    weight_decay: float = 0.05,
-    label_smoothing: float = 0.1,
-    warmup_epochs: float = 1.0,
-    limit: int | None = None,
-) -> dict:
-    """The hand-written loop: zero_grad, forward, loss, backward, step, scheduler step; eval under no_grad.
-    `limit` cuts each epoch to that many batches (and validation to one), like Trainer's limit_*_batches."""
-    torch.manual_seed(seed)
-    os.environ.setdefault("PL_GLOBAL_SEED", str(seed))
-    dm = ImageClassificationDataModule(batch_size=batch_size)
-    dm.setup("fit")
-    train, val = dm.train_dataloader(), dm.val_dataloader()
-    model = ConvNet(dm.num_classes, dm.in_channels, width=width)
-    decay = [p for p in model.parameters() if p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
-    )
-    steps = min(len(train), limit or len(train))
-    total, warmup = epochs * steps, round(warmup_epochs * steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warmup, total))
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-    starts, cpu, acc = [], [], 0.0
-    for _ in range(epochs):
-        starts.append(time.perf_counter())
-        cpu.append(time.process_time())
+class RawLoop:
+    """The hand-written loop, one epoch per call: zero_grad, forward, loss, backward, step, scheduler step;
+    then accuracy on the validation split under no_grad. Its own model, optimizer and loader (same split).
+
+    The loop the seeds show uses the default AdamW and NCHW tensors. `fused` and `channels_last` give it the
+    template's shipped settings (fused AdamW kernel, NHWC), to separate what Lightning's loop costs from what
+    those settings gain. `limit` cuts each epoch to that many batches (and validation to one).
+    """
+
+    def __init__(
+        self,
+        epochs: int,
+        batch_size: int = 64,
+        seed: int = 0,
+        width: int = 32,
+        lr: float = 3e-3,
+        weight_decay: float = 0.05,
+        label_smoothing: float = 0.1,
+        warmup_epochs: float = 1.0,
+        limit: int | None = None,
+        fused: bool = False,
+        channels_last: bool = False,
+    ) -> None:
+        torch.manual_seed(seed)
+        os.environ.setdefault("PL_GLOBAL_SEED", str(seed))
+        dm = ImageClassificationDataModule(batch_size=batch_size)
+        dm.setup("fit")
+        self.train, self.val, self.limit = dm.train_dataloader(), dm.val_dataloader(), limit
+        self.model = ConvNet(dm.num_classes, dm.in_channels, width=width)
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.model.to(memory_format=self.memory_format)
+        decay = [p for p in self.model.parameters() if p.ndim > 1]
+        no_decay = [p for p in self.model.parameters() if p.ndim <= 1]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))
+        self.steps = min(len(self.train), limit or len(self.train))
+        total, warmup = epochs * self.steps, round(warmup_epochs * self.steps)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: warmup_cosine(s, warmup, total))
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.samples_per_epoch = self.steps * batch_size
+        self.val_acc = 0.0
+
+    def epoch(self) -> tuple[float, float]:
+        """Runs one epoch; returns its (wall seconds, process CPU seconds)."""
+        t, c = time.perf_counter(), time.process_time()
+        model, opt, sched, loss_fn = self.model, self.opt, self.sched, self.loss_fn
         model.train()
-        for i, (x, y) in enumerate(train):
-            if i == steps:
+        for i, (x, y) in enumerate(self.train):
+            if i == self.steps:
                 break
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(model(x.contiguous(memory_format=self.memory_format)), y)
             loss.backward()
             opt.step()
             sched.step()
         model.eval()
         correct = count = 0
         with torch.no_grad():
-            for i, (x, y) in enumerate(val):
-                if limit and i == 1:
+            for i, (x, y) in enumerate(self.val):
+                if self.limit and i == 1:
                     break
-                correct += (model(x).argmax(1) == y).sum()
+                correct += (model(x.contiguous(memory_format=self.memory_format)).argmax(1) == y).sum()
                 count += len(y)
-        acc = float(correct) / count  # one host sync per epoch
-    end = time.perf_counter()
-    cpu.append(time.process_time())
-    times = [b - a for a, b in zip(starts, [*starts[1:], end], strict=True)]
+        self.val_acc = float(correct) / count  # one host sync per epoch
+        return time.perf_counter() - t, time.process_time() - c
+
+
+def raw_run(epochs: int, batch_size: int = 64, **kwargs) -> dict:
+    """The hand-written loop alone, `epochs` epochs in a row (kwargs: RawLoop's)."""
+    loop = RawLoop(epochs, batch_size, **kwargs)
+    times = [loop.epoch() for _ in range(epochs)]
     return {
-        "epoch_seconds": times,
-        "epoch_cpu_seconds": [b - a for a, b in zip(cpu, cpu[1:], strict=False)],
-        "samples_per_epoch": steps * batch_size,
-        "val_acc": acc,
+        "epoch_seconds": [t for t, _ in times],
+        "epoch_cpu_seconds": [c for _, c in times],
+        "samples_per_epoch": loop.samples_per_epoch,
+        "val_acc": loop.val_acc,
     }
 
 
@@ -261,3 +328,11 @@ def machine() -> dict:
 
 def workdir() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+def epoch_ratios(run: dict) -> list[float]:
+    """Per steady-state epoch of an interleaved run: raw loop epoch seconds / template epoch seconds (the
+    samples per epoch are equal), i.e. the template's throughput relative to the raw loop's."""
+    raw = run["raw"]
+    assert raw["samples_per_epoch"] == run["samples_per_epoch"], "the two sides must see the same batches"
+    return [r / t for r, t in zip(raw["epoch_seconds"][1:], run["epoch_seconds"][1:], strict=True)]

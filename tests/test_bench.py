@@ -15,6 +15,8 @@ KEYS = {
         "raw_loop_samples_per_s",
         "throughput_ratio",
         "throughput_ratio_cpu_time",
+        "throughput_ratio_vs_tuned_loop",
+        "epoch_pairs",
         "template_warmup_epoch_seconds",
         "raw_warmup_epoch_seconds",
     ],
@@ -31,7 +33,7 @@ KEYS = {
 OPTIONS = [
     "no_progress_bar",
     "bf16_mixed",
-    "channels_last",
+    "contiguous_nchw",
     "accumulate_grad_batches_2",
     "gradient_clip_val_1",
     "dataloader_path",

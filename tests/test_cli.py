@@ -128,3 +128,14 @@ def test_bad_input_is_one_clear_paragraph(in_tmp, capsys, case):
     for text in expected:
         assert text in err
     assert not (in_tmp / "runs").exists() or not any((in_tmp / "runs").iterdir())
+
+
+def test_only_the_subcommand_on_the_command_line_gets_a_parser():
+    from project.cli import SUBCOMMANDS, requested_subcommands
+
+    assert requested_subcommands(["fit", "--trainer.max_epochs", "1"]) == ("fit",)
+    assert requested_subcommands(["test", "--ckpt_path", "x.ckpt"]) == ("test",)
+    # A value before the subcommand, a typo, or --help: every parser, so the messages list every choice.
+    assert requested_subcommands(["--config", "fit.yaml", "fit"]) == SUBCOMMANDS
+    assert requested_subcommands(["fti"]) == SUBCOMMANDS
+    assert requested_subcommands(["--help"]) == SUBCOMMANDS == ("fit", "validate", "test")

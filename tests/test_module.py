@@ -82,3 +82,13 @@ def test_learning_rate_follows_warmup_then_cosine(tmp_path):
     assert seen[:4] == pytest.approx([0.0025, 0.005, 0.0075, 0.01])
     assert seen[4] == pytest.approx(0.01) and seen[-1] < 0.001
     assert all(a >= b for a, b in zip(seen[4:], seen[5:]))
+
+
+def test_adamw_uses_the_fused_kernel_where_torch_has_one():
+    from project.module import fused_supported
+
+    module = ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8))
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert optimizer.defaults["fused"] is True  # CPU float32 parameters: fused AdamW exists since torch 2.4
+    assert not fused_supported([{"params": [torch.nn.Parameter(torch.zeros(2, device="meta"))]}])
+    assert not fused_supported([{"params": []}])

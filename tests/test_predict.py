@@ -5,8 +5,8 @@ import csv
 import numpy as np
 import pytest
 from PIL import Image
-from sklearn.datasets import load_digits
 
+from project.data.digits import load_digits_tensors
 from tests.conftest import run_cli
 from tests.trained_run import trained_run
 
@@ -19,12 +19,12 @@ def run_dir(tmp_path_factory):
 @pytest.fixture
 def images(tmp_path):
     """Six real digits as 8-bit PNGs (one in a subfolder), a text file and a corrupt PNG."""
-    digits = load_digits()
+    images, _ = load_digits_tensors()
     folder = tmp_path / "images"
     (folder / "sub").mkdir(parents=True)
     for i in range(6):
         path = folder / ("sub" if i == 5 else "") / f"digit{i}.png"
-        Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8)).save(path)
+        Image.fromarray((images[i, 0].numpy() * 255).round().astype(np.uint8)).save(path)
     (folder / "notes.txt").write_text("not an image")
     (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     return folder

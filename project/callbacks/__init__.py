@@ -3,9 +3,10 @@
 from project.callbacks.graceful_stop import GracefulStop
 from project.callbacks.nonfinite_loss import NonFiniteLossGuard
 from project.callbacks.pitfall_guards import PitfallGuards
+from project.callbacks.progress_bar import ProgressBar
 from project.callbacks.report import RunReport
 from project.callbacks.rng_state import RNGState
 from project.callbacks.run_summary import RunSummary
 from project.callbacks.step_checkpoint import StepCheckpoint
 
-__all__ = ["RunReport", "GracefulStop", "NonFiniteLossGuard", "PitfallGuards", "RNGState", "RunSummary", "StepCheckpoint"]
+__all__ = ["RunReport", "GracefulStop", "NonFiniteLossGuard", "PitfallGuards", "ProgressBar", "RNGState", "RunSummary", "StepCheckpoint"]

@@ -1,6 +1,7 @@
 """LogConfig: saves config.yaml with secrets redacted, and logs the config + parameter counts as hyperparameters."""
 
 import re
+from pathlib import Path
 
 import yaml
 from jsonargparse import Namespace
@@ -27,17 +28,36 @@ def _secret(key, value) -> bool:
 
 
 class LogConfig(SaveConfigCallback):
-    """LightningCLI's config saver (passed as `save_config_callback`), made safe and visible in the loggers."""
+    """LightningCLI's config saver (passed as `save_config_callback`), made safe and visible in the loggers.
+
+    The config is dumped to YAML once and that text is both written to config.yaml and logged: the parent
+    class dumps (and re-validates) it for the file, and logging dumped it a second time (~0.25 s of start-up
+    on 2 CPU cores). The parser validated the config when it parsed it.
+    """
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
         self.config = redact(self.config)
-        super().setup(trainer, pl_module, stage)
+        log_dir = trainer.log_dir  # every rank calls it: it broadcasts the directory
+        if trainer.is_global_zero:
+            path = Path(log_dir) / self.config_filename
+            if path.exists() and not self.overwrite:
+                raise RuntimeError(
+                    f"{path} exists and this run would overwrite it. Choose another --run_dir, or delete the file."
+                )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._yaml = self.parser.dump(self.config, skip_none=False, skip_validation=True)
+            path.write_text(self._yaml)
+            self.save_config(trainer, pl_module, stage)
+            self.already_saved = True
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         params = list(pl_module.parameters())
         hparams = {
             # Through YAML, as in config.yaml: plain values (no Path objects) that every logger can store.
-            "config": yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True)),
+            "config": yaml.safe_load(self._yaml),
             "params": {
                 "total": sum(p.numel() for p in params),
                 "trainable": sum(p.numel() for p in params if p.requires_grad),

@@ -16,7 +16,7 @@ def labels_of(dataset) -> torch.Tensor:
 def test_digits_splits_are_stratified_disjoint_and_complete():
     dm = setup_dm()
     sizes = [len(dm.train_set), len(dm.val_set), len(dm.test_set)]
-    assert sum(sizes) == 1797 and sizes[2] == 360  # test = 20%, rounded up by sklearn
+    assert sum(sizes) == 1797 and sizes[2] == 360  # test = ceil(20%)
     for ds in (dm.train_set, dm.val_set, dm.test_set):
         counts = torch.bincount(labels_of(ds), minlength=10).float()
         share = counts / counts.sum()
@@ -73,3 +73,32 @@ def test_state_dict_carries_classes_and_preprocessing():
     state = dm.state_dict()
     assert state["class_names"] == [str(i) for i in range(10)] and len(state["mean"]) == 1
     assert state["input_shape"] == [1, 8, 8]
+
+
+def test_embedded_file_is_the_uci_digits_set():
+    from project.data.digits import load_digits_tensors
+
+    images, labels = load_digits_tensors()
+    assert images.shape == (1797, 1, 8, 8) and images.dtype == torch.float32 and labels.dtype == torch.int64
+    assert images.min() == 0 and images.max() == 1  # counts 0..16 scaled to [0, 1]
+    assert torch.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    assert labels[:10].tolist() == list(range(10))  # the file's first rows are 0, 1, ..., 9
+
+
+def test_stratified_split_counts_seeds_and_errors():
+    import pytest
+
+    from project.data.tensor_dataset import stratified_split
+
+    labels = torch.arange(10).repeat_interleave(torch.tensor([30, 30, 30, 30, 30, 30, 30, 30, 30, 21]))
+    rest, held = stratified_split(labels, 0.2, seed=0)
+    assert len(held) == 59 and sorted(rest + held) == list(range(len(labels)))  # ceil(0.2 * 291), a partition
+    per_class = torch.bincount(labels[held], minlength=10)
+    assert per_class[:9].tolist() == [6] * 9 and per_class[9] == 5  # 6.08 each, 4.26: the leftover goes to 9
+    assert stratified_split(labels, 0.2, seed=0) == (rest, held)
+    assert stratified_split(labels, 0.2, seed=1)[1] != held
+    assert stratified_split(labels, 0.0, seed=0) == (list(range(len(labels))), [])
+    with pytest.raises(ValueError, match="at least 2 per class"):
+        stratified_split([0, 0, 1, 2, 2], 0.4, seed=0)
+    with pytest.raises(ValueError, match="fewer samples than the 3 classes"):
+        stratified_split([0, 0, 1, 1, 2, 2], 0.2, seed=0)

@@ -1,0 +1,49 @@
+"""ProgressBar: Lightning's RichProgressBar, redrawn at most every `min_interval` seconds instead of every batch."""
+
+import time
+
+import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
+
+
+class ProgressBar(RichProgressBar):
+    """RichProgressBar whose per-batch updates are skipped until `min_interval` seconds have passed.
+
+    The stock bar updates its task and re-reads every logged metric after each batch. On the digits ConvNet
+    (20 batches of ~13 ms per epoch, 2 CPU cores) that cost ~6% of the training throughput (`make bench`);
+    nobody reads a bar more often than a few times a second. The last batch of an epoch always updates, so
+    the bar ends at its true count.
+
+    Args:
+        min_interval: seconds between two redraws of a batch counter (0 = every batch, like RichProgressBar).
+        leave, theme, console_kwargs: as for RichProgressBar.
+    """
+
+    def __init__(self, min_interval: float = 0.5, leave: bool = False, **kwargs) -> None:
+        super().__init__(leave=leave, **kwargs)
+        self.min_interval = min_interval
+        self._last_draw = 0.0
+
+    def _due(self, batch_idx: int, total: int | float) -> bool:
+        now = time.monotonic()
+        if now - self._last_draw >= self.min_interval or batch_idx + 1 >= total:
+            self._last_draw = now
+            return True
+        return False
+
+    def on_train_batch_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int) -> None:
+        if self._due(batch_idx, self.total_train_batches):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_end(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        total = self.total_val_batches_current_dataloader
+        if trainer.sanity_checking or self._due(batch_idx, total):
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_test_batch_end(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self._due(batch_idx, self.total_test_batches_current_dataloader):
+            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
