@@ -67,12 +67,16 @@ class ClassificationModule(L.LightningModule):
         if self.input_shape is not None:
             check_output_shape(model, self.input_shape, num_classes)
 
-        acc = partial(MulticlassAccuracy, num_classes=num_classes, average="micro")
+        # validate_args=False: torchmetrics' per-batch label checks (a third of an update, ~65 us a training
+        # step here) repeat what the data module checked once before training (project/data/validate.py).
+        acc = partial(MulticlassAccuracy, num_classes=num_classes, average="micro", validate_args=False)
         self.train_acc, self.val_acc, self.test_acc = acc(), acc(), acc()
         self.top5 = num_classes > 5
         if self.top5:
             self.val_acc5, self.test_acc5 = acc(top_k=5), acc(top_k=5)
-        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        # The training loss needs no NaN check of its own: NonFiniteLossGuard stops the run on one.
+        self.train_loss = MeanMetric(nan_strategy="disable")
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.total_steps: int | None = None  # known once the train loader exists; see on_train_start
         # The compiled wrapper is kept out of the module tree (not a registered submodule), so state_dict
@@ -87,6 +91,13 @@ class ClassificationModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.hparams.get("channels_last"):
             self.model.to(memory_format=torch.channels_last)
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        # The in-memory loader builds batches on the training device already: skip Lightning's generic walk
+        # over the batch (~0.15 ms a step on 2 CPU cores, ~1% of a digits step). Anything else is moved as usual.
+        if isinstance(batch, (tuple, list)) and all(isinstance(t, Tensor) and t.device == device for t in batch):
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         x, y = batch

@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dataset sizes, default runs
     "full": dict(
         repeats=5,
-        epochs=6,
+        epochs=5,
         batch_sizes=(32, 64, 128, 256),
         sizes=(1_000, 10_000, 100_000),
         default_runs=5,

@@ -1,5 +1,7 @@
 """NonFiniteLossGuard: a NaN or inf loss stops the run before it can reach the weights or a checkpoint."""
 
+import math
+
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -26,11 +28,12 @@ class NonFiniteLossGuard(Callback):
         self._batch_idx = batch_idx
 
     def on_before_backward(self, trainer: "L.Trainer", pl_module: "L.LightningModule", loss: torch.Tensor) -> None:
-        if bool(torch.isfinite(loss.detach()).all()):
+        loss = loss.detach()
+        if math.isfinite(loss.item()) if loss.numel() == 1 else bool(torch.isfinite(loss).all()):
             return
         last = getattr(trainer.checkpoint_callback, "last_model_path", "") or "none written yet"
         raise NonFiniteLossError(
-            f"The training loss is {loss.detach().float().flatten()[0].item()} at global step {trainer.global_step}, "
+            f"The training loss is {loss.float().flatten()[0].item()} at global step {trainer.global_step}, "
             f"epoch {trainer.current_epoch}, batch {self._batch_idx}; training stopped before this step changed "
             f"the weights (last good checkpoint: {last}). Try a lower --model.init_args.lr, a longer warmup "
             "(--model.init_args.warmup_epochs), or --trainer.precision 32-true; to find the operation that "
