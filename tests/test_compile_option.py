@@ -25,7 +25,7 @@ def test_compiled_module_state_dict_loads_into_an_uncompiled_model(monkeypatch):
 
 def test_channels_last_option_converts_the_model_and_batches():
     module = ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8), channels_last=True)
-    module.on_fit_start()
+    module.setup("fit")
     conv = module.model.features[0][0].weight
     assert conv.is_contiguous(memory_format=torch.channels_last)
     loss, logits, _ = module._shared_step((torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))))
