@@ -32,6 +32,7 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
         batch_sizes=(32, 64, 128, 256),
         sizes=(1_000, 10_000, 100_000),
         default_runs=5,
+        option_repeats=5,
         compile_repeats=5,
         limit=None,
         default_args=[],
@@ -39,9 +40,10 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
     "quick": dict(
         repeats=2,
         epochs=3,
-        batch_sizes=(32, 64, 256),
+        batch_sizes=(64, 256),
         sizes=(1_000, 100_000),
         default_runs=1,
+        option_repeats=1,
         compile_repeats=1,
         limit=None,
         default_args=[],
@@ -52,6 +54,7 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
         batch_sizes=(64,),
         sizes=(1_000,),
         default_runs=1,
+        option_repeats=1,
         compile_repeats=0,
         limit=2,
         default_args=[
@@ -127,7 +130,9 @@ def bench_cpu(p: dict) -> dict:
     }
     got: dict[str, list] = {k: [] for k in arms}
     for i in range(R):
-        for name in list(arms) if i % 2 == 0 else list(arms)[::-1]:
+        # The quick profile runs the options in its first round only (bench-quick stays within 2 minutes).
+        names = [n for n in arms if i < p["option_repeats"] or n in ("template", "template_vs_tuned_loop")]
+        for name in names if i % 2 == 0 else names[::-1]:
             got[name].append(arms[name]())
     t_runs = got["template"]
     pairs = [x for t in t_runs for x in epoch_ratios(t)]
@@ -150,7 +155,9 @@ def bench_cpu(p: dict) -> dict:
         "template_steady_epoch_seconds": med([statistics.median(t["epoch_seconds"][1:]) for t in t_runs]),
         "raw_steady_epoch_seconds": med([statistics.median(t["raw"]["epoch_seconds"][1:]) for t in t_runs]),
     }
-    out["options"] = {name: _paired(t_runs, got[name]) for name in [*VARIANTS, "torch_threads_1"]}
+    out["options"] = {
+        name: _paired(t_runs[: len(got[name])], got[name]) for name in [*VARIANTS, "torch_threads_1"]
+    }
     out["options"]["compile"] = _compile(p, tmpl)
 
     # Data wait: runs of their own, with a per-step timer and a fetch-timing profiler (they cost every step).
