@@ -140,7 +140,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("runs/kill_resume"))
     args = parser.parse_args()
     t0 = time.monotonic()
-    result = kill_resume(args.workdir, args.kills, args.seed)
+    # Absolute: the runs are started with cwd=workdir, so a relative --run_dir would nest inside it.
+    result = kill_resume(args.workdir.resolve(), args.kills, args.seed)
     for i, where in enumerate(result["kills"], 1):
         print(f"kill {i:2d}: SIGKILL {where}")
     verdict = "PASS: bit-identical to the uninterrupted run" if not result["problems"] else "FAIL: " + "; ".join(result["problems"])
