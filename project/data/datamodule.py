@@ -232,6 +232,14 @@ class ImageClassificationDataModule(L.LightningDataModule):
             augment=self.policy if train else "none", seed=seed, rank=rank, world_size=world, device=self._device(),
         )
 
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        # The in-memory loader builds batches on the training device already: skip Lightning's generic walk
+        # over the batch (~0.15 ms a step on 2 CPU cores, ~1% of a digits step). Anything else is moved as usual.
+        # (Here, not in the LightningModule: Lightning warns when a module overrides it next to a data module.)
+        if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) and t.device == device for t in batch):
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
     def train_dataloader(self) -> DataLoader | InMemoryLoader:
         if self.use_in_memory():
             return self._in_memory_loader("train", train=True)
