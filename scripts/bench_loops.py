@@ -2,7 +2,8 @@
 
 Both train the same ConvNet on the same batches (the data module's loader), with the same AdamW groups,
 warmup-cosine schedule, label smoothing and precision, and both evaluate on the validation split each epoch.
-Each returns per-epoch wall times: epoch 0 is warm-up, the rest is steady state.
+template_run trains through the CLI and, with `raw=`, runs one RawLoop epoch before each of its own epochs
+(EpochClock), so the two sides alternate epoch by epoch in one process. Epoch 0 is warm-up, the rest steady.
 """
 
 import contextlib
@@ -11,7 +12,6 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -41,7 +41,7 @@ class EpochClock(Callback):
         self.raw = raw
         self.starts: list[float] = []  # template epoch k runs from starts[k] to ends[k]
         self.ends: list[float] = []
-        self.cpu_starts: list[float] = []  # process CPU time at the same points (see steady_cpu_samples_per_s)
+        self.cpu_starts: list[float] = []  # process CPU time at the same points
         self.cpu_ends: list[float] = []
         self.raw_seconds: list[float] = []
         self.raw_cpu_seconds: list[float] = []
@@ -127,7 +127,7 @@ def template_run(
     progress bar), minus the final test. Returns epoch wall and CPU times and samples per epoch.
 
     raw: RawLoop keyword arguments; one hand-written-loop epoch then runs before each template epoch (see
-        EpochClock) and the result has a "raw" entry shaped like raw_run's.
+        EpochClock) and the result has a "raw" entry with the same keys.
     instrument: also time each step and each batch fetch ("step_seconds", "fetch_seconds"): for
         data_wait_fraction, in runs of their own since the timers slow every step."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
@@ -250,32 +250,12 @@ class RawLoop:
         return time.perf_counter() - t, time.process_time() - c
 
 
-def raw_run(epochs: int, batch_size: int = 64, **kwargs) -> dict:
-    """The hand-written loop alone, `epochs` epochs in a row (kwargs: RawLoop's)."""
-    loop = RawLoop(epochs, batch_size, **kwargs)
-    times = [loop.epoch() for _ in range(epochs)]
-    return {
-        "epoch_seconds": [t for t, _ in times],
-        "epoch_cpu_seconds": [c for _, c in times],
-        "samples_per_epoch": loop.samples_per_epoch,
-        "val_acc": loop.val_acc,
-    }
-
-
 def steady_samples_per_s(run: dict) -> float:
     """Samples/s of the median steady-state epoch (train + validation + checkpoint): one slow epoch caused by
     another process on the machine does not move it."""
     import statistics
 
     return run["samples_per_epoch"] / statistics.median(run["epoch_seconds"][1:])
-
-
-def steady_cpu_samples_per_s(run: dict) -> float:
-    """The same per CPU-second of this process. With one intra-op thread (OMP_NUM_THREADS=1) this barely
-    moves when other jobs share the cores, so it is the figure to trust on a busy machine."""
-    import statistics
-
-    return run["samples_per_epoch"] / statistics.median(run["epoch_cpu_seconds"][1:])
 
 
 def loader_samples_per_s(in_memory: bool, epochs: int = 2, n: int | None = None) -> float:
@@ -324,10 +304,6 @@ def machine() -> dict:
         else f"cpu ({platform.processor() or platform.machine()})",
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
-
-
-def workdir() -> Path:
-    return Path(__file__).resolve().parent.parent
 
 
 def epoch_ratios(run: dict) -> list[float]:
