@@ -1,7 +1,9 @@
 """`python -m project {fit,validate,test,predict,export,doctor}`: LightningCLI with run directories and argument links."""
 
+import errno
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -190,15 +192,21 @@ def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
 
 
 def check_writable(run_dir: Path) -> None:
-    """Fail before training when the run directory cannot be written; create nothing that stays behind."""
-    created = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
+    """Fail before training when the run directory cannot be written; create nothing that stays behind.
+
+    Every rank runs this, at the same moment, on the same directory (and with several nodes, often on one shared
+    filesystem). So it creates no folders and removes none: it writes a probe file with a name of its own into the
+    run directory, or into its deepest existing parent when the run directory does not exist yet. (A shared probe
+    name, or removing the folders it had made, let one rank delete what another was checking: rank 1 then
+    failed with "Directory not empty" while rank 0 waited for it until the process group timed out.)
+    """
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-        for folder in created:  # deepest first: a run that fails before training leaves no empty folders
-            folder.rmdir()
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+        handle, probe = tempfile.mkstemp(prefix=".write-test-", dir=existing)
+        os.close(handle)
+        os.unlink(probe)
     except OSError as err:
         raise ConfigError(
             f"The run directory '{run_dir}' is not writable ({err.strerror or err}): logs and checkpoints go "

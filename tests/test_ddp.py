@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def env_for_children() -> dict:
 
 
 def start(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
-    # A new session: on timeout the test kills the whole group, the ranks Lightning or torchrun started included.
+    # A new session, so that a test can signal the launcher's process group (see kill_tree for torchrun's workers).
     return subprocess.Popen(
         [str(c) for c in cmd],
         cwd=cwd,
@@ -50,16 +51,72 @@ def start(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Pope
     )
 
 
-def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
+def descendants(pid: int) -> list[int]:
+    ps = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True)
+    table = [int(n) for n in ps.stdout.split()]
+    children: dict[int, list[int]] = {}
+    for child, parent in zip(table[::2], table[1::2]):
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and everything below it. torchrun starts each worker in a session of its own, so killing
+    the launcher's process group alone would leave the workers running (and holding the pipes open)."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(
-            f"{proc.args[:4]}... still running after {timeout} s (killed):\n{out[-2000:]}\n{err[-4000:]}"
+    except ProcessLookupError:
+        pass
+
+
+def finish_together(procs: list[subprocess.Popen], timeout: float, grace: float = 30) -> list[tuple[int, str, str]]:
+    """Wait for processes that depend on each other, such as the nodes of one run, and return (code, out, err) each.
+
+    Once one of them has failed, the others get `grace` seconds more: a node whose peer died before the process
+    group formed waits for it until the group's timeout (30 min). Any still running then are killed, and the test
+    fails showing every process's output, so that the first failure is the one on screen.
+    """
+    outputs: list[tuple[str, str]] = [("", "")] * len(procs)
+
+    def collect(i: int) -> None:
+        outputs[i] = procs[i].communicate()
+
+    readers = [threading.Thread(target=collect, args=(i,), daemon=True) for i in range(len(procs))]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    while any(r.is_alive() for r in readers) and time.monotonic() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            deadline = min(deadline, time.monotonic() + grace)
+        time.sleep(0.2)
+    stuck = [i for i, r in enumerate(readers) if r.is_alive()]
+    for i in stuck:
+        kill_tree(procs[i])
+    for reader in readers:
+        reader.join(timeout=30)
+    results = [(p.returncode, *out) for p, out in zip(procs, outputs)]
+    if stuck:
+        report = "\n\n".join(
+            f"process {i} ({'killed, still running' if i in stuck else f'exit {code}'}): {procs[i].args[:4]}...\n"
+            f"{out[-1500:]}\n{err[-4000:]}"
+            for i, (code, out, err) in enumerate(results)
         )
-    return proc.returncode, out, err
+        pytest.fail(f"not finished {timeout} s after the start, or {grace} s after a failure:\n{report}")
+    return results
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
+    return finish_together([proc], timeout)[0]
 
 
 def group_is_gone(pgid: int, wait: float) -> bool:
@@ -254,9 +311,10 @@ def test_two_torchrun_nodes_train_together_and_match_one_process(tmp_path):
         )
         for rank in (0, 1)
     ]
-    results = [finish(node, timeout=200) for node in nodes]
-    for code, _, err in results:
-        assert code == 0, err[:6000]
+    results = finish_together(nodes, timeout=200)
+    assert [code for code, _, _ in results] == [0, 0], "\n\n".join(
+        f"node {rank}, exit {code}:\n{err[-4000:]}" for rank, (code, _, err) in enumerate(results)
+    )
     assert "world size 2 = 1 per node x 2 nodes" in results[0][1]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["global_step"] == epochs * 20 and list((tmp_path / "runs").iterdir()) == [run_dir]

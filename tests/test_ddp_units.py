@@ -1,11 +1,12 @@
 """DDP logic that needs no second process: run directories under launchers, eval sharding, lr scaling."""
 
+import multiprocessing
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from project.cli import resolve_run_dir
+from project.cli import check_writable, resolve_run_dir
 from project.data import ImageClassificationDataModule
 from project.errors import ConfigError
 from project.module import ClassificationModule
@@ -41,6 +42,35 @@ def test_torchrun_without_a_run_name_is_an_error_that_names_the_fix(no_launcher)
     no_launcher.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="--run_dir|PROJECT_RUN_DIR"):
         resolve_run_dir(None, None)
+
+
+def _check_run_dirs_in_step(runs, barrier, errors) -> None:
+    for run_dir in runs:
+        barrier.wait()  # every "rank" checks the same new directory at the same moment, as they do at start-up
+        try:
+            check_writable(run_dir)
+        except ConfigError as err:
+            errors.put(str(err))
+
+
+def test_ranks_checking_one_new_run_dir_at_once_all_pass_and_leave_nothing(tmp_path):
+    # Found by the two-node test: with one shared probe file name and the folders removed afterwards, one rank
+    # deleted what another was checking ("is not writable (Directory not empty)"), and the other node's rank then
+    # waited for it until the process group timed out.
+    runs, ranks = [tmp_path / f"r{i}" / "runs" / "exp" for i in range(30)], 4
+    ctx = multiprocessing.get_context("fork")
+    barrier, errors = ctx.Barrier(ranks, timeout=30), ctx.SimpleQueue()
+    procs = [ctx.Process(target=_check_run_dirs_in_step, args=(runs, barrier, errors)) for _ in range(ranks)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=60)
+    assert [proc.exitcode for proc in procs] == [0] * ranks
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert not failures, failures[:3]
+    assert not list(tmp_path.rglob("*.write-test*")) and not list(tmp_path.rglob("runs"))  # nothing left behind
 
 
 @pytest.mark.parametrize("in_memory", [True, False], ids=["in-memory", "dataloader"])
