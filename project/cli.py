@@ -221,9 +221,13 @@ def step_checkpoint(run_dir: Path, every_n_steps: int) -> Namespace:
 
 
 def keep_csv_history(run_dir: Path, ckpt_path: str | None) -> None:
-    """CSVLogger deletes an existing metrics.csv; on resume, keep it as metrics.<n>.csv next to the new one."""
+    """CSVLogger deletes an existing metrics.csv; on resume, keep it as metrics.<n>.csv next to the new one.
+
+    Rank 0 only (CSVLogger writes from rank 0): under torchrun or srun every rank parses the command line at the
+    same moment, and two ranks renaming the same file would crash one of them.
+    """
     metrics = run_dir / "metrics.csv"
-    if ckpt_path and metrics.exists():
+    if ckpt_path and env_rank() == 0 and metrics.exists():
         n = 1
         while (run_dir / f"metrics.{n}.csv").exists():
             n += 1

@@ -9,6 +9,7 @@ import os
 import secrets
 import string
 import sys
+import time
 from pathlib import Path
 
 WANDB_ID_FILE = "wandb_id.txt"  # lets a resumed run (same run dir) continue the same W&B run
@@ -50,7 +51,11 @@ def wandb_run_id(run_dir: Path) -> str:
             fh.write(new + "\n")
     except FileExistsError:
         pass
-    return path.read_text().strip()
+    for _ in range(100):  # another rank may have created the file and not yet written its id into it
+        if run_id := path.read_text().strip():
+            return run_id
+        time.sleep(0.01)
+    return new
 
 
 def wandb_key_configured() -> bool:
