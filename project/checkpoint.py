@@ -26,7 +26,9 @@ from project.errors import ConfigError
 class AtomicCheckpointIO(TorchCheckpointIO):
     """TorchCheckpointIO whose writes are all-or-nothing (temporary file + fsync + os.replace)."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
+    ) -> None:
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +48,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 stale.unlink(missing_ok=True)
         except BaseException as err:
             Path(tmp).unlink(missing_ok=True)
-            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            if isinstance(err, OSError) and err.errno in (
+                errno.ENOSPC,
+                errno.EDQUOT,
+                errno.EROFS,
+                errno.EACCES,
+            ):
                 kept = f" The previous '{path.name}' is untouched." if path.exists() else ""
                 raise ConfigError(
                     f"Saving checkpoint '{path}' failed: {err.strerror or err}.{kept} Free disk space or point "
@@ -88,11 +95,19 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 def check_checkpoint(path: str | os.PathLike, module: nn.Module) -> None:
     """Before resuming: fail clearly if the checkpoint's tensors do not fit `module` (names and shapes)."""
-    theirs = {k: tuple(v.shape) for k, v in read_checkpoint(path, mmap=True)["state_dict"].items() if hasattr(v, "shape")}
+    theirs = {
+        k: tuple(v.shape)
+        for k, v in read_checkpoint(path, mmap=True)["state_dict"].items()
+        if hasattr(v, "shape")
+    }
     ours = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     missing = [k for k in ours if k not in theirs]
     unexpected = [k for k in theirs if k not in ours]
-    shapes = [f"{k}: checkpoint {theirs[k]} vs model {ours[k]}" for k in ours if k in theirs and theirs[k] != ours[k]]
+    shapes = [
+        f"{k}: checkpoint {theirs[k]} vs model {ours[k]}"
+        for k in ours
+        if k in theirs and theirs[k] != ours[k]
+    ]
     if missing or unexpected or shapes:
         parts = []
         if shapes:

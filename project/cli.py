@@ -66,9 +66,13 @@ class ProjectCLI(LightningCLI):
             help="Directory of this run (logs, checkpoints, config.yaml, summary.json). Default: a new "
             "runs/<time> directory; with --ckpt_path, the run that checkpoint belongs to.",
         )
-        parser.add_argument("--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint.")
+        parser.add_argument(
+            "--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint."
+        )
         parser.add_argument(  # issue #4: a ModelCheckpoint takes steps or a time interval, not both, so its own flag
-            "--checkpoint_every_n_steps", type=int, default=0,
+            "--checkpoint_every_n_steps",
+            type=int,
+            default=0,
             help="Also write checkpoints/last.ckpt every N optimizer steps, mid-epoch included (0 = off; the "
             "wall-clock interval of the config's second ModelCheckpoint stays on).",
         )
@@ -101,15 +105,22 @@ class ProjectCLI(LightningCLI):
         os.environ[RUN_DIR_ENV] = str(run_dir)
         trainer = config.trainer
         trainer.default_root_dir = str(run_dir)
-        if isinstance(trainer.logger, list):  # overlays append loggers (configs/logger/); see project/loggers.py
+        # overlays append loggers (configs/logger/); see project/loggers.py
+        if isinstance(trainer.logger, list):
             trainer.logger = configure_loggers(trainer.logger, run_dir)
         for logger in trainer.logger if isinstance(trainer.logger, list) else []:
             if "save_dir" in logger.init_args:
                 logger.init_args.save_dir = str(run_dir)
-        if trainer.enable_progress_bar is False:  # let --trainer.enable_progress_bar false win over the YAML's bar
-            trainer.callbacks = [c for c in trainer.callbacks or [] if not c.class_path.endswith("ProgressBar")]
+        # let --trainer.enable_progress_bar false win over the YAML's bar
+        if trainer.enable_progress_bar is False:
+            trainer.callbacks = [
+                c for c in trainer.callbacks or [] if not c.class_path.endswith("ProgressBar")
+            ]
         for callback in trainer.callbacks or []:
-            if callback.class_path.endswith(("ModelCheckpoint", "StepCheckpoint")) and callback.init_args.get("dirpath") is None:
+            if (
+                callback.class_path.endswith(("ModelCheckpoint", "StepCheckpoint"))
+                and callback.init_args.get("dirpath") is None
+            ):
                 # A fixed folder (not Lightning's version_N) is what lets `--ckpt_path last` find it.
                 callback.init_args.dirpath = str(run_dir / "checkpoints")
         if self.subcommand == "fit":
@@ -118,14 +129,19 @@ class ProjectCLI(LightningCLI):
             # (A resumed run keeps its W&B run through the id stored in the run dir: project/loggers.py.)
             keep_csv_history(run_dir, config.get("ckpt_path"))
             if config.get("checkpoint_every_n_steps"):
-                trainer.callbacks = list(trainer.callbacks or []) + [step_checkpoint(run_dir, config.checkpoint_every_n_steps)]
+                trainer.callbacks = list(trainer.callbacks or []) + [
+                    step_checkpoint(run_dir, config.checkpoint_every_n_steps)
+                ]
 
     def before_fit(self) -> None:
         # issue #4: a truncated, foreign or other-architecture checkpoint is one readable paragraph.
         ckpt_path = self.config.fit.get("ckpt_path")
         if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
             check_checkpoint(ckpt_path, self.model)
-        if self.config.fit.trainer.get("sync_batchnorm") and type(self.trainer.accelerator).__name__ == "CPUAccelerator":
+        if (
+            self.config.fit.trainer.get("sync_batchnorm")
+            and type(self.trainer.accelerator).__name__ == "CPUAccelerator"
+        ):
             # torch's SyncBatchNorm runs on CUDA only; without this check every rank dies in DDP setup.
             raise ConfigError(
                 "trainer.sync_batchnorm needs GPUs (SyncBatchNorm is CUDA-only), but this run is on CPU. "
@@ -215,8 +231,13 @@ def check_writable(run_dir: Path) -> None:
 
 
 def step_checkpoint(run_dir: Path, every_n_steps: int) -> Namespace:
-    init = {"dirpath": str(run_dir / "checkpoints"), "save_top_k": 0, "save_last": True,
-            "every_n_train_steps": every_n_steps, "enable_version_counter": False}
+    init = {
+        "dirpath": str(run_dir / "checkpoints"),
+        "save_top_k": 0,
+        "save_last": True,
+        "every_n_train_steps": every_n_steps,
+        "enable_version_counter": False,
+    }
     return Namespace(class_path="project.callbacks.StepCheckpoint", init_args=Namespace(**init))
 
 
@@ -251,8 +272,18 @@ def print_summary(run_dir: Path) -> None:
 
 def condense_parse_error(message: str) -> str:
     """jsonargparse explains a bad key with every Union alternative it tried; keep the lines that matter."""
-    noise = ("Does not validate against any of the Union", "Subtypes:", "Errors:", "NoneType", "Given value type:")
-    lines = [line.strip(" -") for line in message.splitlines() if line.strip() and not any(n in line for n in noise)]
+    noise = (
+        "Does not validate against any of the Union",
+        "Subtypes:",
+        "Errors:",
+        "NoneType",
+        "Given value type:",
+    )
+    lines = [
+        line.strip(" -")
+        for line in message.splitlines()
+        if line.strip() and not any(n in line for n in noise)
+    ]
     return "\n  ".join(lines)
 
 
@@ -273,7 +304,9 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> ProjectCLI:
         save_config_callback=LogConfig,  # config.yaml without secrets, config + sizes logged as hparams
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites config.yaml in place
         # Parse errors are raised (not printed after 60 lines of usage) and shortened in main().
-        parser_kwargs={"exit_on_error": False, **{s: default_config for s in subcommands}} if run else default_config,
+        parser_kwargs={"exit_on_error": False, **{s: default_config for s in subcommands}}
+        if run
+        else default_config,
         args=args,
         run=run,
         only_subcommands=subcommands,

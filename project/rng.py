@@ -22,8 +22,13 @@ def capture_rng_states() -> dict:
     states = {
         "python": {"version": version, "state": list(state), "gauss": gauss},
         # numpy's state holds an ndarray, which weights_only loading rejects: keys travel as a tensor.
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -36,7 +41,9 @@ def restore_rng_states(states: dict) -> None:
     py = states["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
     n = states["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"])
+    )
     torch.set_rng_state(states["torch"])
     cuda = states.get("cuda")
     if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():

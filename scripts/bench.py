@@ -149,7 +149,9 @@ def bench_cpu(p: dict) -> dict:
         "epoch_pairs": len(pairs),
         "run_ratios": [med(epoch_ratios(t)) for t in t_runs],
         "throughput_ratio_cpu_time": med(cpu_pairs),
-        "throughput_ratio_vs_tuned_loop": med([x for t in got["template_vs_tuned_loop"] for x in epoch_ratios(t)]),
+        "throughput_ratio_vs_tuned_loop": med(
+            [x for t in got["template_vs_tuned_loop"] for x in epoch_ratios(t)]
+        ),
         "template_warmup_epoch_seconds": med([t["epoch_seconds"][0] for t in t_runs]),
         "raw_warmup_epoch_seconds": med([t["raw"]["epoch_seconds"][0] for t in t_runs]),
         "template_steady_epoch_seconds": med([statistics.median(t["epoch_seconds"][1:]) for t in t_runs]),
@@ -308,7 +310,10 @@ def table(res: dict) -> str:
             f"{t['throughput_ratio']} ({t['throughput_ratio_iqr']})",
         ),
         ("throughput_ratio_cpu_time (same, per process CPU second)", t["throughput_ratio_cpu_time"]),
-        ("throughput_ratio_vs_tuned_loop (raw loop with fused AdamW + channels_last)", t["throughput_ratio_vs_tuned_loop"]),
+        (
+            "throughput_ratio_vs_tuned_loop (raw loop with fused AdamW + channels_last)",
+            t["throughput_ratio_vs_tuned_loop"],
+        ),
         (
             "template samples/s | raw loop samples/s",
             f"{t['template_samples_per_s']:.0f} | {t['raw_loop_samples_per_s']:.0f}",

@@ -26,11 +26,23 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 FLAGS = [
-    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2",
-    "--trainer.limit_test_batches", "2", "--checkpoint_every_n_steps", "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--trainer.max_epochs",
+    "3",
+    "--trainer.limit_train_batches",
+    "6",
+    "--trainer.limit_val_batches",
+    "2",
+    "--trainer.limit_test_batches",
+    "2",
+    "--checkpoint_every_n_steps",
+    "1",
     # Augmentation on (the digits default is off): its random stream is what a resume must restore exactly.
-    "--data.init_args.augment", "true",
+    "--data.init_args.augment",
+    "true",
 ]
 
 
@@ -80,7 +92,11 @@ def kill_once(cmd: list[str], cwd: Path, run: Path, rng: random.Random, timeout:
             if writing or (mode == "time" and trained is not None and now - trained >= delay):
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=30)
-                return f"during checkpoint write #{len(writes_seen)}" if writing else f"{now - trained:.2f} s after its first checkpoint"
+                return (
+                    f"during checkpoint write #{len(writes_seen)}"
+                    if writing
+                    else f"{now - trained:.2f} s after its first checkpoint"
+                )
             time.sleep(0.0005)
     finally:
         if proc.poll() is None:
@@ -104,15 +120,25 @@ def compare(ref: Path, run: Path) -> list[str]:
     """Differences between two finished runs (empty = identical)."""
     a = torch.load(ref / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     b = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
-    problems = [f"weights differ: {k}" for k in a["state_dict"] if not torch.equal(a["state_dict"][k], b["state_dict"][k])]
+    problems = [
+        f"weights differ: {k}"
+        for k in a["state_dict"]
+        if not torch.equal(a["state_dict"][k], b["state_dict"][k])
+    ]
     if a["global_step"] != b["global_step"]:
         problems.append(f"global_step {a['global_step']} vs {b['global_step']}")
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (ref, run))
-    problems += [f"{k}: {sa.get(k)} vs {sb.get(k)}" for k in ("best_val_acc", "test_acc", "global_step") if sa.get(k) != sb.get(k)]
+    problems += [
+        f"{k}: {sa.get(k)} vs {sb.get(k)}"
+        for k in ("best_val_acc", "test_acc", "global_step")
+        if sa.get(k) != sb.get(k)
+    ]
     return problems
 
 
-def kill_resume(workdir: Path, kills: int, seed: int = 0, timeout: float = 120.0, reference: Path | None = None) -> dict:
+def kill_resume(
+    workdir: Path, kills: int, seed: int = 0, timeout: float = 120.0, reference: Path | None = None
+) -> dict:
     """Returns {"kills": [...where...], "problems": [...]}; reference: an already finished uninterrupted run."""
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -124,7 +150,8 @@ def kill_resume(workdir: Path, kills: int, seed: int = 0, timeout: float = 120.0
     problems: list[str] = []
     while len(where) < kills:
         outcome = kill_once(command(run, resume=True), workdir, run, rng, timeout)
-        if outcome == "finished":  # ended before the kill point: check it, then place the next kills in a new run
+        # ended before the kill point: check it, then place the next kills in a new run
+        if outcome == "finished":
             problems += compare(reference, run)
             shutil.rmtree(run)
             continue
@@ -134,7 +161,9 @@ def kill_resume(workdir: Path, kills: int, seed: int = 0, timeout: float = 120.0
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill points")
     parser.add_argument("--workdir", type=Path, default=Path("runs/kill_resume"))
@@ -144,7 +173,11 @@ def main() -> None:
     result = kill_resume(args.workdir.resolve(), args.kills, args.seed)
     for i, where in enumerate(result["kills"], 1):
         print(f"kill {i:2d}: SIGKILL {where}")
-    verdict = "PASS: bit-identical to the uninterrupted run" if not result["problems"] else "FAIL: " + "; ".join(result["problems"])
+    verdict = (
+        "PASS: bit-identical to the uninterrupted run"
+        if not result["problems"]
+        else "FAIL: " + "; ".join(result["problems"])
+    )
     print(f"{len(result['kills'])} kills, {time.monotonic() - t0:.0f} s. {verdict}")
     sys.exit(0 if not result["problems"] else 1)
 

@@ -70,7 +70,9 @@ class SampleProbe(Callback):
         return {
             "indices": list(loader.sampler),
             "counted": float(loss_metric.weight),
-            "dataset": len(loader.dataset) if hasattr(loader, "dataset") else len(loader.labels),  # in-memory loader
+            "dataset": len(loader.dataset)
+            if hasattr(loader, "dataset")
+            else len(loader.labels),  # in-memory loader
         }
 
 

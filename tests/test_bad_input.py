@@ -11,8 +11,17 @@ from project.errors import ConfigError
 from project.module import ClassificationModule
 from tests.conftest import QUIET, run_cli
 
-TINY = [*QUIET, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1",
-        "--test_after_fit", "false"]
+TINY = [
+    *QUIET,
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.limit_train_batches",
+    "1",
+    "--trainer.limit_val_batches",
+    "1",
+    "--test_after_fit",
+    "false",
+]
 WIDTH = "--model.init_args.model.init_args.width"
 
 
@@ -25,6 +34,7 @@ def fails(capsys, *args) -> str:
 
 # --- data -------------------------------------------------------------------------------------------------
 
+
 def image_folder(root, bad: dict[str, bytes]):
     for cls in ("cat", "dog"):
         (root / "train" / cls).mkdir(parents=True)
@@ -35,11 +45,22 @@ def image_folder(root, bad: dict[str, bytes]):
 
 
 def test_corrupt_and_non_image_files_fail_before_training_listing_them(in_tmp, capsys):
-    good = (in_tmp / "ok.png")
+    good = in_tmp / "ok.png"
     Image.new("RGB", (8, 8)).save(good)
-    image_folder(in_tmp / "imgs", {"cat/truncated.png": good.read_bytes()[:40], "dog/notes.png": b"not an image"})
-    err = fails(capsys, "--data.init_args.source", "imagefolder", "--data.init_args.root", in_tmp / "imgs",
-                "--data.init_args.batch_size", "2", "--run_dir", "r")
+    image_folder(
+        in_tmp / "imgs", {"cat/truncated.png": good.read_bytes()[:40], "dog/notes.png": b"not an image"}
+    )
+    err = fails(
+        capsys,
+        "--data.init_args.source",
+        "imagefolder",
+        "--data.init_args.root",
+        in_tmp / "imgs",
+        "--data.init_args.batch_size",
+        "2",
+        "--run_dir",
+        "r",
+    )
     assert "2 of 14 files under" in err and "not readable images" in err
     assert "cat/truncated.png" in err and "dog/notes.png" in err and "Delete or replace them" in err
     assert not (in_tmp / "r/checkpoints").exists()
@@ -74,6 +95,7 @@ def test_batch_larger_than_training_split(in_tmp, capsys):
 
 # --- checkpoints --------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ckpt") / "run"
@@ -93,7 +115,10 @@ def test_checkpoint_of_another_architecture(checkpoint, in_tmp, capsys):
     ckpt["hyper_parameters"] = {}
     torch.save(ckpt, in_tmp / "bare.ckpt")
     err = fails(capsys, WIDTH, "16", "--ckpt_path", in_tmp / "bare.ckpt", "--run_dir", "r")
-    assert f"Checkpoint '{in_tmp / 'bare.ckpt'}' was written by a different model" in err and "differ in shape" in err
+    assert (
+        f"Checkpoint '{in_tmp / 'bare.ckpt'}' was written by a different model" in err
+        and "differ in shape" in err
+    )
     assert "config.yaml" in err
 
 
@@ -111,7 +136,11 @@ def test_truncated_checkpoint(checkpoint, in_tmp, capsys):
     data = checkpoint.read_bytes()
     (in_tmp / "cut.ckpt").write_bytes(data[: len(data) // 2])
     err = fails(capsys, WIDTH, "8", "--ckpt_path", in_tmp / "cut.ckpt", "--run_dir", "r")
-    assert f"Checkpoint '{in_tmp / 'cut.ckpt'}'" in err and "cannot be read" in err and "truncated, corrupt" in err
+    assert (
+        f"Checkpoint '{in_tmp / 'cut.ckpt'}'" in err
+        and "cannot be read" in err
+        and "truncated, corrupt" in err
+    )
 
 
 def test_foreign_checkpoint(in_tmp, capsys):
@@ -121,6 +150,7 @@ def test_foreign_checkpoint(in_tmp, capsys):
 
 
 # --- disk --------------------------------------------------------------------------------------------------
+
 
 def test_run_dir_not_writable(in_tmp, capsys):
     (in_tmp / "afile").write_text("")
@@ -144,13 +174,16 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch, f
     with pytest.raises(expected) as info:
         io.save_checkpoint({"state_dict": {"w": torch.zeros(2)}}, path)
     if failure == "disk full":
-        assert "No space left on device" in str(info.value) and "previous 'last.ckpt' is untouched" in str(info.value)
+        assert "No space left on device" in str(info.value) and "previous 'last.ckpt' is untouched" in str(
+            info.value
+        )
     monkeypatch.undo()
     assert torch.equal(load_weights(path)["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left
 
 
 # --- memory ------------------------------------------------------------------------------------------------
+
 
 class OOMModule(ClassificationModule):
     def training_step(self, batch, batch_idx):
@@ -159,11 +192,13 @@ class OOMModule(ClassificationModule):
 
 def test_out_of_memory_names_the_batch_size_flag(in_tmp, capsys):
     err = fails(capsys, "--model.class_path", "tests.test_bad_input.OOMModule", "--run_dir", "r")
-    assert "out of GPU memory" in err and "--data.init_args.batch_size" in err and "Tried to allocate 2.00 GiB" in err
+    assert (
+        "out of GPU memory" in err
+        and "--data.init_args.batch_size" in err
+        and "Tried to allocate 2.00 GiB" in err
+    )
 
 
 def test_missing_checkpoint_file(in_tmp, capsys):
     err = fails(capsys, "--ckpt_path", in_tmp / "nope.ckpt", "--run_dir", "r")
     assert "does not exist" in err
-
-

@@ -79,7 +79,9 @@ def kill_tree(proc: subprocess.Popen) -> None:
         pass
 
 
-def finish_together(procs: list[subprocess.Popen], timeout: float, grace: float = 30) -> list[tuple[int, str, str]]:
+def finish_together(
+    procs: list[subprocess.Popen], timeout: float, grace: float = 30
+) -> list[tuple[int, str, str]]:
     """Wait for processes that depend on each other, such as the nodes of one run, and return (code, out, err) each.
 
     Once one of them has failed, the others get `grace` seconds more: a node whose peer died before the process

@@ -70,12 +70,15 @@ def test_ranks_checking_one_new_run_dir_at_once_all_pass_and_leave_nothing(tmp_p
     while not errors.empty():
         failures.append(errors.get())
     assert not failures, failures[:3]
-    assert not list(tmp_path.rglob("*.write-test*")) and not list(tmp_path.rglob("runs"))  # nothing left behind
+    # nothing left behind
+    assert not list(tmp_path.rglob("*.write-test*")) and not list(tmp_path.rglob("runs"))
 
 
 @pytest.mark.parametrize("in_memory", [True, False], ids=["in-memory", "dataloader"])
 def test_val_and_test_shards_cover_each_sample_exactly_once(in_memory):
-    data = ImageClassificationDataModule(batch_size=32, val_fraction=0.1005, test_fraction=0.2005, in_memory=in_memory)
+    data = ImageClassificationDataModule(
+        batch_size=32, val_fraction=0.1005, test_fraction=0.2005, in_memory=in_memory
+    )
     data.setup("fit")
     for stage in ("val", "test"):
         seen = []

@@ -6,8 +6,17 @@ import torch
 from tests.conftest import QUIET, read_summary, run_cli
 
 pytestmark = pytest.mark.slow
-FLAGS = [*QUIET, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "1",
-         "--test_after_fit", "false"]
+FLAGS = [
+    *QUIET,
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.limit_train_batches",
+    "4",
+    "--trainer.limit_val_batches",
+    "1",
+    "--test_after_fit",
+    "false",
+]
 
 
 def train(run_dir, seed: int) -> dict:

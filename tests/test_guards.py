@@ -15,8 +15,15 @@ from project.module import ClassificationModule
 
 def fit_two_steps(module: L.LightningModule, dtype=torch.float32, expect_error: bool = False) -> list[str]:
     data = TensorDataset(torch.rand(8, 1, 8, 8, dtype=dtype), torch.randint(0, 10, (8,)))
-    trainer = L.Trainer(max_steps=2, callbacks=[PitfallGuards()], logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=2,
+        callbacks=[PitfallGuards()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

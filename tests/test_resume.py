@@ -13,8 +13,19 @@ from tests.conftest import QUIET, read_summary, run_cli
 
 pytestmark = pytest.mark.slow
 # 4 epochs x 3 steps, a `last` checkpoint after every step: small enough for CPU, long enough to stop mid-epoch.
-FLAGS = [*QUIET, "--trainer.max_epochs", "4", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1",
-         "--trainer.limit_test_batches", "1", "--checkpoint_every_n_steps", "1"]
+FLAGS = [
+    *QUIET,
+    "--trainer.max_epochs",
+    "4",
+    "--trainer.limit_train_batches",
+    "3",
+    "--trainer.limit_val_batches",
+    "1",
+    "--trainer.limit_test_batches",
+    "1",
+    "--checkpoint_every_n_steps",
+    "1",
+]
 
 
 class StopAfterEpoch(Callback):
@@ -40,7 +51,9 @@ class SignalAtStep(Callback):
 
 
 def add(callback: str, **init_args) -> str:
-    return "--trainer.callbacks+=" + json.dumps({"class_path": f"tests.test_resume.{callback}", "init_args": init_args})
+    return "--trainer.callbacks+=" + json.dumps(
+        {"class_path": f"tests.test_resume.{callback}", "init_args": init_args}
+    )
 
 
 def weights(run_dir: Path) -> dict:
@@ -79,7 +92,10 @@ def test_sigterm_mid_epoch_saves_exits_143_and_resumes_identically(reference, in
     code = run_cli("fit", *FLAGS, "--run_dir", "runs/t", add("SignalAtStep", step=7))
     assert code == 143
     state = weights("runs/t")
-    assert state["global_step"] == 8 and state["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 2
+    assert (
+        state["global_step"] == 8
+        and state["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 2
+    )
     (loader_state,) = state["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     # The in-memory loader (digits' default) counts `position`, the DataLoader path `batches`.
     assert loader_state["epoch"] == 2 and loader_state.get("position", loader_state.get("batches")) == 2
@@ -88,7 +104,16 @@ def test_sigterm_mid_epoch_saves_exits_143_and_resumes_identically(reference, in
 
 
 def test_ctrl_c_saves_and_exits_130(in_tmp):
-    code = run_cli("fit", *FLAGS, "--trainer.max_epochs", "1", "--test_after_fit", "false", "--run_dir", "r",
-                   add("SignalAtStep", step=1, signum=int(signal.SIGINT)))
+    code = run_cli(
+        "fit",
+        *FLAGS,
+        "--trainer.max_epochs",
+        "1",
+        "--test_after_fit",
+        "false",
+        "--run_dir",
+        "r",
+        add("SignalAtStep", step=1, signum=int(signal.SIGINT)),
+    )
     assert code == 130
     assert weights("r")["global_step"] == 2

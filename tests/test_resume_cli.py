@@ -1,6 +1,5 @@
 """Run-directory and logger plumbing for resuming: SLURM requeue, wandb run id, CSV history (no training)."""
 
-
 import project.cli
 from project.cli import keep_csv_history, resolve_run_dir
 
@@ -25,11 +24,14 @@ def test_resumed_run_reuses_the_wandb_run_id(tmp_path):
 def test_resume_keeps_previous_csv_metrics(tmp_path):
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
     keep_csv_history(tmp_path, "last")
-    assert (tmp_path / "metrics.1.csv").read_text() == "epoch\n0\n" and not (tmp_path / "metrics.csv").exists()
+    assert (tmp_path / "metrics.1.csv").read_text() == "epoch\n0\n" and not (
+        tmp_path / "metrics.csv"
+    ).exists()
 
 
 def test_only_rank_0_moves_the_csv_history(tmp_path, monkeypatch):
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
-    monkeypatch.setattr(project.cli, "env_rank", lambda: 1)  # as a torchrun/srun rank 1 parsing the same command
+    # as a torchrun/srun rank 1 parsing the same command
+    monkeypatch.setattr(project.cli, "env_rank", lambda: 1)
     keep_csv_history(tmp_path, "last")
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]

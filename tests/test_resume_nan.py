@@ -23,9 +23,22 @@ class NaNAtStep(ClassificationModule):
 
 def test_nan_loss_stops_with_where_and_keeps_last_good_checkpoint(in_tmp, capsys):
     code = run_cli(
-        "fit", *QUIET, "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1",
-        "--checkpoint_every_n_steps", "1", "--run_dir", "r",
-        "--model.class_path", "tests.test_resume_nan.NaNAtStep", "--model.init_args.nan_at_step", "4",
+        "fit",
+        *QUIET,
+        "--trainer.max_epochs",
+        "3",
+        "--trainer.limit_train_batches",
+        "3",
+        "--trainer.limit_val_batches",
+        "1",
+        "--checkpoint_every_n_steps",
+        "1",
+        "--run_dir",
+        "r",
+        "--model.class_path",
+        "tests.test_resume_nan.NaNAtStep",
+        "--model.init_args.nan_at_step",
+        "4",
     )
     err = capsys.readouterr().err
     assert code == 2

@@ -9,4 +9,13 @@ from project.callbacks.rng_state import RNGState
 from project.callbacks.run_summary import RunSummary
 from project.callbacks.step_checkpoint import StepCheckpoint
 
-__all__ = ["RunReport", "GracefulStop", "NonFiniteLossGuard", "PitfallGuards", "ProgressBar", "RNGState", "RunSummary", "StepCheckpoint"]
+__all__ = [
+    "RunReport",
+    "GracefulStop",
+    "NonFiniteLossGuard",
+    "PitfallGuards",
+    "ProgressBar",
+    "RNGState",
+    "RunSummary",
+    "StepCheckpoint",
+]

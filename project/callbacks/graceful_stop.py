@@ -46,10 +46,15 @@ class GracefulStop(Callback):
             self._restore()
             raise KeyboardInterrupt  # second Ctrl+C: stop now
         self._received = signum
-        print(f"\nReceived {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting.",
-              file=sys.stderr, flush=True)
+        print(
+            f"\nReceived {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting.",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    def on_train_batch_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
+    ) -> None:
         if self._received is None or batch_idx + 1 >= trainer.num_training_batches:
             return  # on an epoch's last batch, wait for the next epoch's first (see StepCheckpoint)
         signum, self._received = self._received, None
@@ -59,7 +64,9 @@ class GracefulStop(Callback):
         self._restore()  # the exception path skips the teardown hook
         raise SystemExit(128 + signum)  # 143 for SIGTERM, 130 for SIGINT: schedulers see a non-success
 
-    def on_exception(self, trainer: "L.Trainer", pl_module: "L.LightningModule", exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", exception: BaseException
+    ) -> None:
         self._restore()
 
     def teardown(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
@@ -73,6 +80,8 @@ class GracefulStop(Callback):
 
 def last_checkpoint_path(trainer: "L.Trainer") -> str:
     """Where `--ckpt_path last` looks: the first ModelCheckpoint's last.ckpt, else <run dir>/checkpoints."""
-    ckpt = next((c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath), None)
+    ckpt = next(
+        (c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath), None
+    )
     folder = Path(ckpt.dirpath) if ckpt else Path(trainer.default_root_dir) / "checkpoints"
     return str(folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}")

@@ -24,10 +24,14 @@ class NonFiniteLossGuard(Callback):
     def __init__(self) -> None:
         self._batch_idx = -1
 
-    def on_train_batch_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule", batch, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", batch, batch_idx: int
+    ) -> None:
         self._batch_idx = batch_idx
 
-    def on_before_backward(self, trainer: "L.Trainer", pl_module: "L.LightningModule", loss: torch.Tensor) -> None:
+    def on_before_backward(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", loss: torch.Tensor
+    ) -> None:
         loss = loss.detach()
         if math.isfinite(loss.item()) if loss.numel() == 1 else bool(torch.isfinite(loss).all()):
             return

@@ -33,7 +33,13 @@ class PitfallGuards(Callback):
         self._done = False
         for name, module in pl_module.named_modules():
             for attr, value in vars(module).items():
-                items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+                items = (
+                    value.values()
+                    if isinstance(value, dict)
+                    else value
+                    if isinstance(value, (list, tuple))
+                    else ()
+                )
                 if not attr.startswith("_") and any(isinstance(v, nn.Module) for v in items):
                     _warn(
                         f"{type(module).__name__} '{name or 'model'}' keeps layers in a plain Python "
@@ -54,11 +60,16 @@ class PitfallGuards(Callback):
                 if not isinstance(x, Tensor):
                     continue
                 if x.dtype == torch.float64:
-                    _warn(f"Input {i} of '{name}' ({type(module).__name__}) is float64: twice the memory and a slow "
-                          "path. Convert the data to float32 (tensor.float()) in the dataset.")
+                    _warn(
+                        f"Input {i} of '{name}' ({type(module).__name__}) is float64: twice the memory and a slow "
+                        "path. Convert the data to float32 (tensor.float()) in the dataset."
+                    )
                 if param is not None and x.device != param.device:
-                    _warn(f"Input {i} of '{name}' ({type(module).__name__}) is on {x.device} but its parameters are on "
-                          f"{param.device}. Create tensors with device=self.device or move the batch before use.")
+                    _warn(
+                        f"Input {i} of '{name}' ({type(module).__name__}) is on {x.device} but its parameters are on "
+                        f"{param.device}. Create tensors with device=self.device or move the batch before use."
+                    )
+
         return hook
 
     def _output_check(self, name: str):
@@ -69,11 +80,16 @@ class PitfallGuards(Callback):
             if not out.is_floating_point():
                 return
             out = out.detach().float()
-            if bool(((out >= 0) & (out <= 1)).all()) and torch.allclose(out.sum(1), torch.ones_like(out[:, 0]), atol=1e-3):
+            if bool(((out >= 0) & (out <= 1)).all()) and torch.allclose(
+                out.sum(1), torch.ones_like(out[:, 0]), atol=1e-3
+            ):
                 self._probabilities_seen = True
-                _warn(f"The outputs of '{name}' ({type(module).__name__}) are probabilities (each row is in [0, 1] and "
-                      "sums to 1): CrossEntropyLoss expects raw logits and applies log-softmax itself. Remove the "
-                      "final softmax from the model (apply it only in predict).")
+                _warn(
+                    f"The outputs of '{name}' ({type(module).__name__}) are probabilities (each row is in [0, 1] and "
+                    "sums to 1): CrossEntropyLoss expects raw logits and applies log-softmax itself. Remove the "
+                    "final softmax from the model (apply it only in predict)."
+                )
+
         return hook
 
     def on_after_backward(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
@@ -82,16 +98,25 @@ class PitfallGuards(Callback):
         self._remove_hooks()
         unused = [n for n, p in pl_module.named_parameters() if p.requires_grad and p.grad is None]
         if unused:
-            _warn(f"{len(unused)} parameters got no gradient in the first backward: {', '.join(unused[:5])}. The "
-                  "layer or branch is not used in forward (or its output is detached); remove it, or use it.")
+            _warn(
+                f"{len(unused)} parameters got no gradient in the first backward: {', '.join(unused[:5])}. The "
+                "layer or branch is not used in forward (or its output is detached); remove it, or use it."
+            )
 
-    def on_before_optimizer_step(self, trainer: "L.Trainer", pl_module: "L.LightningModule", optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", optimizer
+    ) -> None:
         # fp16 AMP skips steps whose gradients overflow while its loss scale calibrates: not a bug.
         if not self._done and "16-mixed" != str(trainer.precision):
-            self._before = {n: p.detach().clone() for n, p in pl_module.named_parameters()
-                            if p.requires_grad and p.grad is not None and bool(p.grad.any())}
+            self._before = {
+                n: p.detach().clone()
+                for n, p in pl_module.named_parameters()
+                if p.requires_grad and p.grad is not None and bool(p.grad.any())
+            }
 
-    def on_train_batch_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
+    ) -> None:
         if self._done:
             return
         self._done = True
@@ -100,9 +125,11 @@ class PitfallGuards(Callback):
         frozen = [n for n, before in self._before.items() if torch.equal(params[n].detach(), before)]
         self._before = {}
         if frozen:
-            _warn(f"{len(frozen)} parameters have gradients but did not change in the first optimizer step: "
-                  f"{', '.join(frozen[:5])}. They are probably missing from the optimizer (configure_optimizers) "
-                  "or their learning rate is 0.")
+            _warn(
+                f"{len(frozen)} parameters have gradients but did not change in the first optimizer step: "
+                f"{', '.join(frozen[:5])}. They are probably missing from the optimizer (configure_optimizers) "
+                "or their learning rate is 0."
+            )
 
     def teardown(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
         self._remove_hooks()

@@ -31,19 +31,33 @@ class ProgressBar(RichProgressBar):
             return True
         return False
 
-    def on_train_batch_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
+    ) -> None:
         if self._due(batch_idx, self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_batch_end(
-        self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int, dataloader_idx: int = 0
+        self,
+        trainer: "L.Trainer",
+        pl_module: "L.LightningModule",
+        outputs,
+        batch,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         total = self.total_val_batches_current_dataloader
         if trainer.sanity_checking or self._due(batch_idx, total):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
     def on_test_batch_end(
-        self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int, dataloader_idx: int = 0
+        self,
+        trainer: "L.Trainer",
+        pl_module: "L.LightningModule",
+        outputs,
+        batch,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         if self._due(batch_idx, self.total_test_batches_current_dataloader):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)

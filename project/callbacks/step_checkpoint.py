@@ -12,7 +12,9 @@ class StepCheckpoint(ModelCheckpoint):
     checkpoint follows a moment later anyway, so that one batch is skipped.
     """
 
-    def on_train_batch_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
+    ) -> None:
         if batch_idx + 1 >= trainer.num_training_batches:
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

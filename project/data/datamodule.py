@@ -73,14 +73,18 @@ class ImageClassificationDataModule(L.LightningDataModule):
             self.class_names, (h, w) = image_folder.describe(root)
             c = 3  # ImageFolder's loader converts every image to RGB
         else:
-            self.class_names, (c, h, w) = torchvision_datasets.classes_of(source), torchvision_datasets.DATASETS[source][1]
+            self.class_names, (c, h, w) = (
+                torchvision_datasets.classes_of(source),
+                torchvision_datasets.DATASETS[source][1],
+            )
         self.input_shape = (c, image_size, image_size) if image_size else (c, h, w)
         self.mean: list[float] | None = None
         self.std: list[float] | None = None
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
-        self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # split -> (images, labels), in-memory path
+        # split -> (images, labels), in-memory path
+        self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.policy = "none"
 
     @property
@@ -107,11 +111,18 @@ class ImageClassificationDataModule(L.LightningDataModule):
         else:
             images, labels = torchvision_datasets.load_split(hp.source, hp.root, True, hp.download)
             test_images, test_labels = torchvision_datasets.load_split(hp.source, hp.root, False, hp.download)
-        check_labels(labels, self.num_classes, f"The {hp.source} training data")  # issue #4: fail before training
+        # issue #4: fail before training
+        check_labels(labels, self.num_classes, f"The {hp.source} training data")
         check_labels(test_labels, self.num_classes, f"The {hp.source} test data")
         train_idx, val_idx = stratified_split(labels, hp.val_fraction, hp.split_seed)
         self.mean, self.std = channel_stats(images[train_idx])  # statistics of the training split only
-        policy = "digits" if hp.source in ("digits", "mnist") else "none" if hp.source == "fashionmnist" else "natural"
+        policy = (
+            "digits"
+            if hp.source in ("digits", "mnist")
+            else "none"
+            if hp.source == "fashionmnist"
+            else "natural"
+        )
         self.policy = policy if hp.augment else "none"
         self.tensors = {
             "train": (images[train_idx], labels[train_idx]),
@@ -133,16 +144,24 @@ class ImageClassificationDataModule(L.LightningDataModule):
 
     def _transforms(self, policy: str):
         size = (self.hparams.image_size,) * 2 if self.hparams.image_size else None
-        train_tf = build_transform(policy, self.mean, self.std, train=True, augment=self.hparams.augment, size=size)
+        train_tf = build_transform(
+            policy, self.mean, self.std, train=True, augment=self.hparams.augment, size=size
+        )
         return train_tf, build_transform(policy, self.mean, self.std, train=False, augment=False, size=size)
 
     def _setup_image_folder(self) -> None:
         hp, size = self.hparams, self.input_shape[1:]
-        stats_base = image_folder.split_folder(hp.root, "train", self.class_names, build_transform("none", [0.0] * 3, [1.0] * 3, False, False, size))
+        stats_base = image_folder.split_folder(
+            hp.root,
+            "train",
+            self.class_names,
+            build_transform("none", [0.0] * 3, [1.0] * 3, False, False, size),
+        )
         check_images(stats_base.samples, stats_base.root)  # issue #4: unreadable files fail before training
         self.mean, self.std = _folder_stats(stats_base)
         train_tf, eval_tf = (
-            build_transform("natural", self.mean, self.std, train=t, augment=hp.augment, size=size) for t in (True, False)
+            build_transform("natural", self.mean, self.std, train=t, augment=hp.augment, size=size)
+            for t in (True, False)
         )
         train_aug = image_folder.split_folder(hp.root, "train", self.class_names, train_tf)
         train_eval = image_folder.split_folder(hp.root, "train", self.class_names, eval_tf)
@@ -219,7 +238,9 @@ class ImageClassificationDataModule(L.LightningDataModule):
 
     def _in_memory_loader(self, split: str, train: bool) -> InMemoryLoader:
         images, labels = self.tensors[split]
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+        rank, world = (
+            (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+        )
         if train and len(labels) // world < self.hparams.batch_size:
             raise ConfigError(
                 f"The training split has {len(labels)} samples ({len(labels) // world} per process), fewer than "
@@ -228,15 +249,26 @@ class ImageClassificationDataModule(L.LightningDataModule):
         # Same seed on every rank (seed_everything exports PL_GLOBAL_SEED to DDP children): disjoint shards.
         seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
         return InMemoryLoader(
-            images, labels, self.hparams.batch_size, self.mean, self.std, shuffle=train,
-            augment=self.policy if train else "none", seed=seed, rank=rank, world_size=world, device=self._device(),
+            images,
+            labels,
+            self.hparams.batch_size,
+            self.mean,
+            self.std,
+            shuffle=train,
+            augment=self.policy if train else "none",
+            seed=seed,
+            rank=rank,
+            world_size=world,
+            device=self._device(),
         )
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
         # The in-memory loader builds batches on the training device already: skip Lightning's generic walk
         # over the batch (~0.15 ms a step on 2 CPU cores, ~1% of a digits step). Anything else is moved as usual.
         # (Here, not in the LightningModule: Lightning warns when a module overrides it next to a data module.)
-        if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) and t.device == device for t in batch):
+        if isinstance(batch, (tuple, list)) and all(
+            isinstance(t, torch.Tensor) and t.device == device for t in batch
+        ):
             return batch
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
@@ -257,7 +289,12 @@ class ImageClassificationDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict:
         # Saved in every checkpoint so prediction and export know the classes and the preprocessing.
-        return {"class_names": self.class_names, "mean": self.mean, "std": self.std, "input_shape": list(self.input_shape)}
+        return {
+            "class_names": self.class_names,
+            "mean": self.mean,
+            "std": self.std,
+            "input_shape": list(self.input_shape),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("class_names") not in (None, self.class_names):
@@ -283,13 +320,19 @@ def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
     return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True).clamp_(0, 1)
 
 
-def _carve(labels: list[int], index: list[int], fraction: float, seed: int, name: str) -> tuple[list[int], list[int]]:
+def _carve(
+    labels: list[int], index: list[int], fraction: float, seed: int, name: str
+) -> tuple[list[int], list[int]]:
     if fraction <= 0:
-        raise ConfigError(f"There is no {name} folder and data.{name}_fraction is 0: add the folder or a fraction.")
+        raise ConfigError(
+            f"There is no {name} folder and data.{name}_fraction is 0: add the folder or a fraction."
+        )
     try:
         keep, held = stratified_split([labels[i] for i in index], fraction, seed)
     except ValueError as err:  # too few images per class to stratify
-        raise ConfigError(f"Cannot carve a stratified {name} split ({fraction:.0%}) from the training images: {err}") from err
+        raise ConfigError(
+            f"Cannot carve a stratified {name} split ({fraction:.0%}) from the training images: {err}"
+        ) from err
     return [index[i] for i in keep], [index[i] for i in held]
 
 

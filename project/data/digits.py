@@ -25,7 +25,9 @@ def load_digits_tensors() -> tuple[Tensor, Tensor]:
     """Images as (1797, 1, 8, 8) float32 in [0, 1], labels as int64."""
     data = FILE.read_bytes()
     if hashlib.sha256(data).hexdigest() != SHA256:
-        raise RuntimeError(f"{FILE} is damaged (its SHA-256 differs); restore it with `git checkout -- {FILE.name}`.")
+        raise RuntimeError(
+            f"{FILE} is damaged (its SHA-256 differs); restore it with `git checkout -- {FILE.name}`."
+        )
     rows = np.loadtxt(gzip.decompress(data).decode().splitlines(), delimiter=",", dtype=np.uint8)
     # Pixels are counts 0..16: float32 explicitly (numpy would give float64, which must never reach the model).
     images = torch.from_numpy(rows[:, :64].copy()).to(torch.float32).div_(16.0).view(-1, *INPUT_SHAPE)

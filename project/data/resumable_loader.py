@@ -63,7 +63,9 @@ class ResumableDataLoader(DataLoader):
             e.g. with a DistributedSampler) is kept, and then mid-epoch skipping is disabled.
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, seed: int = 0, sampler: Sampler | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: Dataset, batch_size: int, seed: int = 0, sampler: Sampler | None = None, **kwargs: Any
+    ) -> None:
         kwargs.pop("shuffle", None)
         kwargs.pop("drop_last", None)
         kwargs.setdefault("generator", torch.Generator())  # worker base seeds: never from the global RNG
@@ -80,7 +82,11 @@ class ResumableDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         # A generator: its body runs at the first next(), after Lightning has called set_epoch.
         skip = 0
-        if self._resume is not None and self._resume["epoch"] == self.epoch and self._resume["batches"] < len(self):
+        if (
+            self._resume is not None
+            and self._resume["epoch"] == self.epoch
+            and self._resume["batches"] < len(self)
+        ):
             skip = self._resume["batches"]
         self._resume = None
         if skip and isinstance(self.sampler, ResumableSampler):

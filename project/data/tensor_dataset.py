@@ -36,7 +36,9 @@ def stratified_split(labels: Tensor | list[int], fraction: float, seed: int) -> 
     Raises ValueError when a class has fewer than 2 members or either side would be smaller than the number
     of classes.
     """
-    labels = torch.as_tensor(labels if isinstance(labels, Tensor) else list(map(int, labels)), dtype=torch.long)
+    labels = torch.as_tensor(
+        labels if isinstance(labels, Tensor) else list(map(int, labels)), dtype=torch.long
+    )
     n = len(labels)
     if fraction <= 0:
         return list(range(n)), []
@@ -44,7 +46,9 @@ def stratified_split(labels: Tensor | list[int], fraction: float, seed: int) -> 
     n_held = math.ceil(fraction * n)
     if counts.min() < 2:
         rare = int(classes[counts.argmin()])
-        raise ValueError(f"class {rare} has {int(counts.min())} member; stratifying needs at least 2 per class.")
+        raise ValueError(
+            f"class {rare} has {int(counts.min())} member; stratifying needs at least 2 per class."
+        )
     if min(n_held, n - n_held) < len(classes):
         raise ValueError(
             f"holding out {n_held} of {n} samples leaves a side with fewer samples than the {len(classes)} classes."

@@ -32,7 +32,8 @@ def load_split(name: str, root: str, train: bool, download: bool) -> tuple[Tenso
     cls_name, _, folder = DATASETS[name]
     try:
         ds = getattr(tvd, cls_name)(root=root, train=train, download=download)
-    except (RuntimeError, OSError) as err:  # missing/corrupt files, or a failed download (URLError is an OSError)
+    # missing/corrupt files, or a failed download (URLError is an OSError)
+    except (RuntimeError, OSError) as err:
         expected = Path(root) / folder
         how = (
             "The download failed: is this machine online? Otherwise copy the files there by hand."

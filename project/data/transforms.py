@@ -14,7 +14,12 @@ def channel_stats(images: Tensor) -> tuple[list[float], list[float]]:
 
 
 def build_transform(
-    policy: str, mean: list[float], std: list[float], train: bool, augment: bool, size: tuple[int, int] | None = None
+    policy: str,
+    mean: list[float],
+    std: list[float],
+    train: bool,
+    augment: bool,
+    size: tuple[int, int] | None = None,
 ) -> v2.Compose:
     """Per-sample pipeline: to float32 in [0, 1], resize, augment (train only), normalise.
 

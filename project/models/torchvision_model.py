@@ -86,7 +86,9 @@ def _weights_unavailable(name: str, weights: str, err: Exception) -> str:
     """Where torchvision looks for the weights file, so it can be placed there by hand on an offline machine."""
     import torchvision
 
-    url = torchvision.models.get_weight(f"{type(torchvision.models.get_model_weights(name).DEFAULT).__name__}.{weights}").url
+    url = torchvision.models.get_weight(
+        f"{type(torchvision.models.get_model_weights(name).DEFAULT).__name__}.{weights}"
+    ).url
     path = Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
     return (
         f"Pretrained weights {name} {weights} are not in torchvision's cache and could not be downloaded "
