@@ -14,6 +14,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from project.callbacks.log_config import LogConfig
 from project.checkpoint import check_checkpoint, read_checkpoint
+from project.console import drop_inapplicable_messages
 from project.data import ImageClassificationDataModule
 from project.distributed import (
     describe_world,
@@ -100,6 +101,13 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         run_dir = resolve_run_dir(config.get("run_dir"), config.get("ckpt_path"))
+        trained = checkpoint_run(config.get("ckpt_path")) if self.subcommand != "fit" else None
+        if trained is not None and run_dir == trained:
+            # Evaluating a trained run's checkpoint: the run's config.yaml, metrics.csv, summary.json and report.png
+            # stay as training wrote them, and this evaluation writes its own into <run>/<subcommand>/.
+            run_dir = trained / self.subcommand
+        # where ModelCheckpoint writes and `--ckpt_path last` looks
+        checkpoints = (trained or run_dir) / "checkpoints"
         check_writable(run_dir)  # issue #4: fail before training, not at the first checkpoint
         config.run_dir = str(run_dir)
         os.environ[RUN_DIR_ENV] = str(run_dir)
@@ -122,12 +130,13 @@ class ProjectCLI(LightningCLI):
                 and callback.init_args.get("dirpath") is None
             ):
                 # A fixed folder (not Lightning's version_N) is what lets `--ckpt_path last` find it.
-                callback.init_args.dirpath = str(run_dir / "checkpoints")
+                callback.init_args.dirpath = str(checkpoints)
+        # issue #4: keep the CSV history of a resumed run (and of anything else run in this directory before).
+        # (A resumed run keeps its W&B run through the id stored in the run dir: project/loggers.py.)
+        keep_csv_history(run_dir)
         if self.subcommand == "fit":
             self._fit_started = time.perf_counter()
-            # issue #4: keep the CSV history of a resumed run; mid-epoch `last` checkpoints every N steps.
-            # (A resumed run keeps its W&B run through the id stored in the run dir: project/loggers.py.)
-            keep_csv_history(run_dir, config.get("ckpt_path"))
+            # issue #4: mid-epoch `last` checkpoints every N steps.
             if config.get("checkpoint_every_n_steps"):
                 trainer.callbacks = list(trainer.callbacks or []) + [
                     step_checkpoint(run_dir, config.checkpoint_every_n_steps)
@@ -163,17 +172,21 @@ class ProjectCLI(LightningCLI):
         if trainer.is_global_zero:
             print_summary(Path(trainer.default_root_dir))
 
+    def after_test(self) -> None:
+        if self.trainer.is_global_zero:  # Lightning has printed the metrics; say where the files went
+            print(f"Run directory: {self.trainer.default_root_dir}", flush=True)
 
-def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
-    if run_dir:
-        return Path(run_dir)
-    if os.environ.get(RUN_DIR_ENV):
-        return Path(os.environ[RUN_DIR_ENV])
+    after_validate = after_test
+
+
+def checkpoint_run(ckpt_path: str | None) -> Path | None:
+    """The run directory a --ckpt_path belongs to: the newest run's for `last`, the folder above checkpoints/ for a
+    file there; None for other paths and for Lightning's `best`, `hpc` and `registry`."""
     if ckpt_path == "last":
         runs = sorted(RUNS_DIR.glob("*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
         if not runs:
             raise ConfigError(
-                f"--ckpt_path last: no run under '{RUNS_DIR}/' has a checkpoints/last.ckpt to resume. "
+                f"--ckpt_path last: no run under '{RUNS_DIR}/' has a checkpoints/last.ckpt. "
                 "Start a run with `make train`, or pass a checkpoint file: --ckpt_path runs/<run>/checkpoints/last.ckpt."
             )
         return runs[-1].parent.parent
@@ -183,6 +196,16 @@ def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
         and Path(ckpt_path).parent.name == "checkpoints"
     ):
         return Path(ckpt_path).parent.parent
+    return None
+
+
+def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
+    if run_dir:
+        return Path(run_dir)
+    if os.environ.get(RUN_DIR_ENV):
+        return Path(os.environ[RUN_DIR_ENV])
+    if trained := checkpoint_run(ckpt_path):
+        return trained
     # torchrun / srun ranks each parse the command line: they must derive the same directory, not a timestamp.
     if name := launcher_run_name():
         return RUNS_DIR / name
@@ -241,14 +264,15 @@ def step_checkpoint(run_dir: Path, every_n_steps: int) -> Namespace:
     return Namespace(class_path="project.callbacks.StepCheckpoint", init_args=Namespace(**init))
 
 
-def keep_csv_history(run_dir: Path, ckpt_path: str | None) -> None:
-    """CSVLogger deletes an existing metrics.csv; on resume, keep it as metrics.<n>.csv next to the new one.
+def keep_csv_history(run_dir: Path) -> None:
+    """CSVLogger deletes a metrics.csv it finds in its directory: keep it as metrics.<n>.csv next to the new one
+    (the epochs before a resume, or an earlier run or evaluation in the same directory).
 
     Rank 0 only (CSVLogger writes from rank 0): under torchrun or srun every rank parses the command line at the
     same moment, and two ranks renaming the same file would crash one of them.
     """
     metrics = run_dir / "metrics.csv"
-    if ckpt_path and env_rank() == 0 and metrics.exists():
+    if env_rank() == 0 and metrics.exists():
         n = 1
         while (run_dir / f"metrics.{n}.csv").exists():
             n += 1
@@ -323,6 +347,7 @@ def main(args: list[str] | None = None) -> None:
     inherited_run_dir = os.environ.get(RUN_DIR_ENV)
     argv = sys.argv[1:] if args is None else list(args)
     quiet_non_zero_ranks()  # DDP: rank 0 speaks for the run
+    drop_inapplicable_messages()  # Lightning's ads; a CSVLogger warning the run dir always triggered
     try:
         if argv and argv[0] in TOOLS:
             import importlib

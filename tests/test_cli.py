@@ -1,6 +1,7 @@
 """End to end through `python -m project` (in-process): train, then assert on what the run left behind."""
 
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,27 @@ def test_fit_trains_tests_and_leaves_a_complete_run_directory(in_tmp, capsys):
     assert type(model.model).__name__ == "ConvNet" and model.num_classes == 10  # linked from the data
     hparams = torch.load(summary["best_checkpoint"], weights_only=True)["hyper_parameters"]
     assert hparams["model"]["init_args"]["num_classes"] == 10
+
+    # Evaluating the run's checkpoint later writes into <run>/test/ and leaves the run as training wrote it
+    # (before: config.yaml, metrics.csv, summary.json and report.png were replaced by the evaluation's).
+    trained = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = run_cli(
+            "test", "--config", CONFIGS / "default.yaml", *QUIET, "--ckpt_path", summary["best_checkpoint"]
+        )
+    assert code == 0
+    assert {
+        p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "test" not in p.relative_to(run).parts
+    } == trained
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"Run directory: {run / 'test'}"
+    assert (
+        read_summary(run / "test")["test_acc"] == summary["test_acc"]
+    )  # the same best checkpoint, tested again
+    assert (run / "test/config.yaml").exists() and (run / "test/metrics.csv").exists()
+    # CSVLogger's "logs directory exists and is not empty ... will be deleted" no longer fires on every run
+    assert not [w for w in caught if "Experiment logs directory" in str(w.message)]
 
 
 @pytest.mark.slow

@@ -22,3 +22,20 @@ def test_batches_between_redraws_are_skipped_but_the_last_is_drawn(monkeypatch):
     for i in range(5):
         every.on_train_batch_end(_Trainer(), None, None, None, i)
     assert drawn == [0, 1, 2, 3, 4]
+
+
+def test_speed_column_shows_the_epochs_average_rate():
+    # Redrawn every 0.5 s, an epoch's bar may get a single update: Rich's windowed estimate (task.speed) is then
+    # None, and Lightning's column printed 0.00it/s.
+    from rich.progress import Progress
+
+    from project.callbacks.progress_bar import AverageSpeedColumn
+
+    progress = Progress(auto_refresh=False, disable=True)
+    task_id = progress.add_task("Epoch 0", total=20)
+    progress.update(task_id, completed=20)
+    progress.stop_task(task_id)
+    task = progress.tasks[0]
+    task.start_time = task.stop_time - 0.4  # 20 batches in 0.4 s
+    assert task.speed is None
+    assert AverageSpeedColumn(style="").render(task).plain == "50.00it/s"

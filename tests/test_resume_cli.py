@@ -23,7 +23,7 @@ def test_resumed_run_reuses_the_wandb_run_id(tmp_path):
 
 def test_resume_keeps_previous_csv_metrics(tmp_path):
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
-    keep_csv_history(tmp_path, "last")
+    keep_csv_history(tmp_path)
     assert (tmp_path / "metrics.1.csv").read_text() == "epoch\n0\n" and not (
         tmp_path / "metrics.csv"
     ).exists()
@@ -33,5 +33,5 @@ def test_only_rank_0_moves_the_csv_history(tmp_path, monkeypatch):
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
     # as a torchrun/srun rank 1 parsing the same command
     monkeypatch.setattr(project.cli, "env_rank", lambda: 1)
-    keep_csv_history(tmp_path, "last")
+    keep_csv_history(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]
