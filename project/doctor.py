@@ -75,10 +75,16 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 def _writable(path: Path) -> bool:
-    path = path.resolve()
-    while not path.exists():  # the nearest existing parent decides whether the run dir can be created
-        path = path.parent
-    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+    from project.errors import ConfigError
+    from project.run_dir import check_writable
+
+    try:
+        check_writable(
+            path
+        )  # the check `make train` runs before training: a real write, in the nearest folder
+    except ConfigError:
+        return False
+    return True
 
 
 def check_data(data: dict) -> tuple[str, str | None]:

@@ -18,10 +18,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import Profiler
 from torch import nn
 
-from project.cli import CONFIG_DIR, RUN_DIR_ENV, ProjectCLI
+from project.cli import CONFIG_DIR, ProjectCLI
 from project.data import ImageClassificationDataModule
 from project.models import ConvNet
 from project.module import ClassificationModule
+from project.run_dir import RUN_DIR_ENV
 from project.schedule import warmup_cosine
 
 DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from project.cli import RUN_DIR_ENV, main
+from project.cli import main
+from project.run_dir import RUN_DIR_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"

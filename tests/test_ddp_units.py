@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from project.cli import check_writable, resolve_run_dir
 from project.data import ImageClassificationDataModule
 from project.errors import ConfigError
 from project.module import ClassificationModule
+from project.run_dir import check_writable, resolve_run_dir
 from tests.ddp_probe import PlainCNN
 
 LAUNCHER_VARS = ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID")

@@ -45,3 +45,12 @@ def test_doctor_gpu_accelerator_without_cuda(in_tmp, capsys):
         return
     assert run_cli("doctor", "--trainer.accelerator", "gpu") == 1
     assert "fix: --trainer.accelerator auto" in capsys.readouterr().out
+
+
+def test_doctor_unwritable_run_dir_is_a_problem(in_tmp, capsys):
+    (in_tmp / "afile").write_text("")  # a file where the run dir's parent folder would be
+    assert run_cli("doctor", "--run_dir", in_tmp / "afile/run") == 1
+    out = capsys.readouterr().out
+    problem = [ln for ln in out.splitlines() if ln.startswith("problem:")]
+    assert "(NOT writable)" in out and len(problem) == 1 and "cannot write" in problem[0]
+    assert "--run_dir" in problem[0] and sorted(p.name for p in in_tmp.iterdir()) == ["afile"]

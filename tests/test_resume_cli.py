@@ -1,7 +1,7 @@
 """Run-directory and logger plumbing for resuming: SLURM requeue, wandb run id, CSV history (no training)."""
 
-import project.cli
-from project.cli import keep_csv_history, resolve_run_dir
+import project.run_dir
+from project.run_dir import keep_csv_history, resolve_run_dir
 
 
 def test_requeued_slurm_job_continues_its_own_run_dir(in_tmp, monkeypatch):
@@ -32,6 +32,6 @@ def test_resume_keeps_previous_csv_metrics(tmp_path):
 def test_only_rank_0_moves_the_csv_history(tmp_path, monkeypatch):
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
     # as a torchrun/srun rank 1 parsing the same command
-    monkeypatch.setattr(project.cli, "env_rank", lambda: 1)
+    monkeypatch.setattr(project.run_dir, "env_rank", lambda: 1)
     keep_csv_history(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]
