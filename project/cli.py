@@ -157,7 +157,9 @@ class ProjectCLI(LightningCLI):
         trainer = self.trainer
         if self.config.fit.test_after_fit and not trainer.interrupted:
             ckpt = trainer.checkpoint_callback
-            best = "best" if ckpt is not None and ckpt.best_model_path else None
+            # The path, not "best": with the config's second (time-interval) ModelCheckpoint, "best" makes Lightning
+            # warn on every run that it picks the first callback's, which is this one.
+            best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
             trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
         if trainer.is_global_zero:
             print_summary(Path(trainer.default_root_dir))
