@@ -78,10 +78,8 @@ def _writable(path: Path) -> bool:
     from project.errors import ConfigError
     from project.run_dir import check_writable
 
-    try:
-        check_writable(
-            path
-        )  # the check `make train` runs before training: a real write, in the nearest folder
+    try:  # the check `make train` runs before training: a real write, in the nearest existing folder
+        check_writable(path)
     except ConfigError:
         return False
     return True
@@ -170,7 +168,8 @@ def doctor(args: list[str]) -> int:
     )
     say(f"CPUs          {cpus} usable; data loader workers per process: {workers}")
     run_dir = Path(config.get("run_dir") or "runs")
-    say(f"run dir       {run_dir.resolve()} ({'writable' if _writable(run_dir) else 'NOT writable'})")
+    writable = _writable(run_dir)
+    say(f"run dir       {run_dir.resolve()} ({'writable' if writable else 'NOT writable'})")
     loggers = trainer.get("logger") if isinstance(trainer.get("logger"), list) else []
     if any(str(lg.get("class_path", "")).endswith("WandbLogger") for lg in loggers if isinstance(lg, dict)):
         from project.loggers import wandb_key_configured
@@ -213,7 +212,7 @@ def doctor(args: list[str]) -> int:
         notes.append(
             "several GPUs but no NCCL: DDP would be slow or fail. fix: install a CUDA torch build with NCCL."
         )
-    if _writable(run_dir):
+    if writable:
         say(f"ok: run directory {run_dir} is writable.")
     else:
         blocking.append(

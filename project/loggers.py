@@ -55,6 +55,7 @@ def wandb_run_id(run_dir: Path) -> str:
         if run_id := path.read_text().strip():
             return run_id
         time.sleep(0.01)
+    path.write_text(new + "\n")  # still empty after 1 s: its writer died between creating and writing it
     return new
 
 
