@@ -57,7 +57,9 @@ class ProgressBar(RichProgressBar):
     def on_train_batch_end(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
     ) -> None:
-        if self._due(batch_idx, self.total_train_batches):
+        # A disabled bar (every rank but 0 under DDP, or enable_progress_bar false) never counted its batches:
+        # the totals below are only set where the bar is drawn, so it must return before reading them.
+        if not self.is_disabled and self._due(batch_idx, self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_batch_end(
@@ -69,6 +71,8 @@ class ProgressBar(RichProgressBar):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        if self.is_disabled:
+            return
         total = self.total_val_batches_current_dataloader
         if trainer.sanity_checking or self._due(batch_idx, total):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
@@ -82,5 +86,5 @@ class ProgressBar(RichProgressBar):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if self._due(batch_idx, self.total_test_batches_current_dataloader):
+        if not self.is_disabled and self._due(batch_idx, self.total_test_batches_current_dataloader):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
