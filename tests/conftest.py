@@ -15,6 +15,28 @@ CONFIGS = REPO / "configs"
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--claim",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="run only the tests marked @pytest.mark.claim(ID) (repeatable); scripts/mutate.py uses it",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wanted = set(config.getoption("--claim"))
+    if not wanted:
+        return
+    keep, drop = [], []
+    for item in items:
+        ids = {i for mark in item.iter_markers("claim") for i in mark.args}
+        (keep if ids & wanted else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
 def run_cli(*args: str) -> int:
     """Run `python -m project ...` in this process; return the exit code (0 when it returns normally)."""
     try:
