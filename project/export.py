@@ -1,10 +1,12 @@
 """`python -m project export --ckpt_path X`: ONNX + torch.export programs, each checked against eager PyTorch.
 
 Writes into <out_dir>: model.onnx (dynamic batch axis), model.pt2 (torch.export; model.ts TorchScript when
-torch.export cannot trace the model) and preprocessing.json (class names, input shape, normalisation).
+torch.export cannot trace the model; model.onnx then comes from that trace) and preprocessing.json (class names,
+input shape, normalisation).
 """
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -48,30 +50,41 @@ def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_ba
     (out / "preprocessing.json").write_text(json.dumps(prep.to_json(), indent=2) + "\n")
     # One torch.export trace serves both formats: model.pt2, and the ONNX conversion of the same program.
     program_path, runner, program = _export_program(model, example, out)
-    onnx_path = _export_onnx(program if program is not None else model, example, out / "model.onnx", opset)
+    # When torch.export failed, the ONNX exporter built on it fails too: ONNX then comes from the TorchScript trace.
+    onnx_path = _export_onnx(program if program is not None else runner, example, out / "model.onnx", opset)
     _check("ONNX (onnxruntime)", _onnx_runner(onnx_path), model, inputs)
     _check(program_path.name, runner, model, inputs)
     print(f"Exported to {out}/: {onnx_path.name}, {program_path.name}, preprocessing.json", flush=True)
     return out
 
 
-def _export_onnx(model, example: Tensor, path: Path, opset: int) -> Path:
-    """ONNX through the dynamo exporter (needs onnxscript), from an ExportedProgram or an nn.Module."""
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    # An ExportedProgram carries its dynamic batch already; a module gets it here (by position: any arg name).
-    dynamic = None if isinstance(model, torch.export.ExportedProgram) else ({0: batch},)
+def _export_onnx(source, example: Tensor, path: Path, opset: int) -> Path:
+    """ONNX from the ExportedProgram (dynamo exporter, needs onnxscript), or from the TorchScript fallback."""
     try:
-        torch.onnx.export(
-            model,
-            (example,),
-            str(path),
-            input_names=["images"],
-            output_names=["logits"],
-            dynamic_shapes=dynamic,
-            opset_version=opset,
-            dynamo=True,
-            external_data=False,
-        )
+        if isinstance(source, torch.export.ExportedProgram):  # carries its dynamic batch already
+            torch.onnx.export(
+                source,
+                (example,),
+                str(path),
+                input_names=["images"],
+                output_names=["logits"],
+                opset_version=opset,
+                dynamo=True,
+                external_data=False,
+            )
+        else:  # a traced ScriptModule: torch's TorchScript exporter (deprecated, but the only route left)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.onnx.export(
+                    source,
+                    (example,),
+                    str(path),
+                    input_names=["images"],
+                    output_names=["logits"],
+                    dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+                    opset_version=opset,
+                    dynamo=False,
+                )
     except ImportError as err:
         raise ConfigError(
             f"ONNX export needs the export extras: pip install -e '.[export]' ({err})."
@@ -96,7 +109,8 @@ def _export_program(model: nn.Module, example: Tensor, out: Path):
         torch.export.save(program, path)
         return path, torch.export.load(path).module(), program
     except Exception as err:  # noqa: BLE001 - any tracing failure means: fall back
-        print(f"torch.export failed ({type(err).__name__}: {err}); falling back to TorchScript.", flush=True)
+        first = (str(err).strip().splitlines() or [""])[0][:200]  # its full text is pages of hints
+        print(f"torch.export failed ({type(err).__name__}: {first}); falling back to TorchScript.", flush=True)
         path = out / "model.ts"
         with torch.no_grad():
             torch.jit.save(torch.jit.trace(model, example), str(path))
