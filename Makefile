@@ -28,7 +28,7 @@ endif
 PY    := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.project-installed
 
-.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick
+.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick mutants
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ resume: $(STAMP)  ## continue the most recent run from its checkpoints/last.ckpt
 
 test: $(STAMP)  ## run the test suite (extra pytest flags: ARGS="...")
 	$(PY) -m pytest $(ARGS)
+
+mutants: $(STAMP)  ## plant each known bug (scripts/mutants/*.patch) in a copy: its claims' tests must fail (ARGS: names, --list)
+	$(PY) scripts/mutate.py $(ARGS)
 
 bench: $(STAMP)  ## template vs hand-written loop, side by side (<= 10 min): runs/bench/bench.json + table
 	$(PY) scripts/bench.py $(ARGS)
