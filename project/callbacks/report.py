@@ -124,6 +124,15 @@ def _log_image(logger, image, step: int) -> None:
 def render(epochs, lrs, confusion, wrong, class_names, dpi: int):
     """The report as an (H, W, 3) uint8 array; confusion is a (num_classes, num_classes) tensor or None."""
     import numpy as np
+
+    fig = report_figure(epochs, lrs, confusion, wrong, class_names, dpi)
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int):
+    """The report's matplotlib Figure (what `render` rasterises): its axes hold the data drawn."""
+    import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -178,9 +187,7 @@ def render(epochs, lrs, confusion, wrong, class_names, dpi: int):
         ax.set_axis_off()
         ax.text(0.5, 0.5, "confusion matrix: after test", ha="center")
     _wrong_grid(ax_wrong, wrong, class_names)
-
-    fig.canvas.draw()
-    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+    return fig
 
 
 def _wrong_grid(ax, wrong, class_names) -> None:
