@@ -1,14 +1,22 @@
-"""Kill -9 a training run at random moments, resume it each time from `last`, compare with an uninterrupted run.
+"""Kill -9 a training run at chosen points, resume it each time from `last`, compare with an uninterrupted run.
 
     python scripts/kill_resume.py --kills 20            # the stronger check quoted in the README
     python scripts/kill_resume.py --kills 5 --seed 1    # what tests/test_resume_kill.py runs
 
 The run is `python -m project fit` as a subprocess with a mid-epoch `last` checkpoint every optimizer step.
-Each kill point is drawn at random: either a random time after the process starts (mid-epoch, validation,
-test, startup: wherever it lands), or the moment a checkpoint's temporary file appears (a kill while a
-checkpoint is being written). After the last kill the run is resumed to the end. Passes when the final
-weights are bit-identical (torch.equal on every tensor) to an uninterrupted run and summary.json accuracies
-match. Exit code 0 = pass.
+The kills cycle through three kinds of moment, in an order and at steps drawn from --seed (so a seed always
+gives the same schedule), and each kill is checked to have landed where it was aimed:
+
+- train:      mid-epoch, in the middle of an optimizer step (after backward, before the update);
+- validation: in the middle of an epoch-end validation;
+- write:      while a checkpoint is being written (its temporary file exists, not yet renamed).
+
+The first two are reached through KillPoint, a callback added to the killed process only: at the chosen point
+it writes where it is to a file and waits, without touching any state or random stream, and this script
+kills it there. A write is caught from outside: when a new checkpoint temporary file appears, the process is
+stopped (SIGSTOP), the file checked to be still there, and the process killed. After the last kill the run
+is resumed to the end. Passes when the final weights are bit-identical (torch.equal on every tensor) to an
+uninterrupted run, summary.json accuracies match, and every kill landed where it was aimed. Exit code 0 = pass.
 """
 
 import argparse
@@ -23,19 +31,18 @@ import time
 from pathlib import Path
 
 import torch
+from lightning.pytorch.callbacks import Callback
 
 REPO = Path(__file__).resolve().parent.parent
+EPOCHS, STEPS_PER_EPOCH, VAL_BATCHES = 3, 6, 2
+# As `make train` runs it (progress bar, model summary, every callback), only shorter.
 FLAGS = [
-    "--trainer.enable_progress_bar",
-    "false",
-    "--trainer.enable_model_summary",
-    "false",
     "--trainer.max_epochs",
-    "3",
+    str(EPOCHS),
     "--trainer.limit_train_batches",
-    "6",
+    str(STEPS_PER_EPOCH),
     "--trainer.limit_val_batches",
-    "2",
+    str(VAL_BATCHES),
     "--trainer.limit_test_batches",
     "2",
     "--checkpoint_every_n_steps",
@@ -44,6 +51,54 @@ FLAGS = [
     "--data.init_args.augment",
     "true",
 ]
+MODES = ("train", "validation", "write")
+MARKER = "kill_point.json"
+
+
+class KillPoint(Callback):
+    """Stops the process at one point and says where, so that a SIGKILL from outside lands exactly there.
+
+    Args:
+        mode: "train" (in the optimizer step that follows `step` completed steps, after backward) or
+            "validation" (at validation batch `batch` of the epoch that ends after `step` steps).
+        step: see mode.
+        batch: validation batch index (mode "validation").
+        marker: file written, then the process waits to be killed.
+    It reads trainer counters and writes one file: no state, no random draws, nothing in the checkpoint.
+    """
+
+    def __init__(self, mode: str, step: int, marker: str, batch: int = 0) -> None:
+        self.mode, self.step, self.marker, self.batch = mode, step, marker, batch
+
+    def _wait_here(self, trainer, **where) -> None:
+        where = {
+            "mode": self.mode,
+            "epoch": trainer.current_epoch,
+            "global_step": trainer.global_step,
+            **where,
+        }
+        tmp = Path(self.marker + ".tmp")
+        tmp.write_text(json.dumps(where))
+        os.replace(tmp, self.marker)  # the reader sees the whole file or none
+        while True:
+            time.sleep(1)  # until kill_resume's SIGKILL
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._batch = batch_idx
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self.mode == "train" and trainer.global_step == self.step:
+            self._wait_here(trainer, batch=self._batch)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if (
+            self.mode == "validation"
+            and not trainer.sanity_checking
+            and trainer.state.fn == "fit"
+            and trainer.current_epoch == (self.step - 1) // STEPS_PER_EPOCH
+            and batch_idx == self.batch
+        ):
+            self._wait_here(trainer, batch=batch_idx)
 
 
 def command(run_dir: Path, resume: bool) -> list[str]:
@@ -58,62 +113,120 @@ def run_to_end(cmd: list[str], cwd: Path, timeout: float) -> None:
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
     env.pop("PROJECT_RUN_DIR", None)
     return env
 
 
-def kill_once(cmd: list[str], cwd: Path, run: Path, rng: random.Random, timeout: float) -> str:
-    """Start the run, SIGKILL it at a random point; returns where (or 'finished' if it ended first).
+def aim(mode: str, done: int, rng: random.Random) -> dict | None:
+    """Where the next kill goes, given the `done` optimizer steps of the checkpoint it resumes from; None when
+    the rest of the run has no such point (the run is then finished and the kill placed in a new one)."""
+    total = EPOCHS * STEPS_PER_EPOCH
+    if mode == "train":  # 1-3 steps on, never an epoch's first batch (that would be an epoch-boundary resume)
+        steps = [s for s in range(done + 1, total) if s % STEPS_PER_EPOCH]
+        return {"mode": mode, "step": steps[min(rng.randint(0, 2), len(steps) - 1)]} if steps else None
+    if mode == "validation":  # this epoch's validation, or the next one's
+        ends = [e for e in range(STEPS_PER_EPOCH, total + 1, STEPS_PER_EPOCH) if e > done]
+        if not ends:
+            return None
+        return {
+            "mode": mode,
+            "step": ends[min(rng.randint(0, 1), len(ends) - 1)],
+            "batch": rng.randrange(VAL_BATCHES),
+        }
+    # the n-th checkpoint write of this process; fewer than the writes left (mid-epoch ones, one per epoch end)
+    left = (
+        sum(1 for s in range(done + 1, total + 1) if s % STEPS_PER_EPOCH) + (total - done) // STEPS_PER_EPOCH
+    )
+    # how far into the write: up to a typical save's time (~8 ms for this 0.8 MB checkpoint, README); halved
+    # after each write that finished first
+    target = {
+        "mode": mode,
+        "nth_write": min(rng.randint(1, 4), left),
+        "delay": round(rng.uniform(0, 0.008), 4),
+    }
+    return target if left else None
 
-    Kill points only count once this process trains: after its first checkpoint write (checkpoints are
-    written every step), a kill lands after a random 0-2.5 s (mid-epoch, validation, test, ...), or during
-    its k-th checkpoint write (k = 1..4: a kill while a checkpoint is being written).
-    """
-    mode = rng.choice(["time", "time", "write"])
-    delay, nth_write = rng.uniform(0.0, 2.5), rng.randint(1, 4)
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): SIGSTOP has been sent; give it the moment below
+
+
+def kill_once(cmd: list[str], cwd: Path, run: Path, target: dict, timeout: float) -> dict:
+    """Start the run, SIGKILL it at `target` (see aim); returns where it landed ({"landed": "finished"} if the
+    run ended first)."""
+    marker = cwd / MARKER
+    marker.unlink(missing_ok=True)
+    if target["mode"] != "write":
+        probe = {
+            "class_path": "scripts.kill_resume.KillPoint",
+            "init_args": {**target, "marker": str(marker)},
+        }
+        cmd = cmd + ["--trainer.callbacks+=" + json.dumps(probe)]
     start = time.time()
     log = open(cwd / "last_attempt.log", "w+")  # a file, not a pipe: a full pipe would block the child
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=_env())
     stale = set((run / "checkpoints").glob(".*.tmp"))  # left by an earlier kill: not a write in progress
     writes_seen: set = set()
-    trained = None  # when this process wrote its first checkpoint
+    armed, delay = None, target.get("delay", 0.0)  # (when the aimed write's file appeared, the file)
+    landed = None
     try:
-        while proc.poll() is None:
-            now = time.time()
-            if now - start > timeout:
+        while proc.poll() is None and landed is None:
+            if time.time() - start > timeout:
                 raise TimeoutError(f"run did not end within {timeout} s")
-            tmp = set((run / "checkpoints").glob(".*.tmp")) - stale
-            writes_seen |= tmp
-            last = run / "checkpoints/last.ckpt"
-            if trained is None and (writes_seen or (last.exists() and last.stat().st_mtime >= start)):
-                trained = now
-            writing = mode == "write" and tmp and len(writes_seen) >= nth_write
-            if writing or (mode == "time" and trained is not None and now - trained >= delay):
+            if target["mode"] == "write":
+                new = set((run / "checkpoints").glob(".*.tmp")) - stale - writes_seen
+                writes_seen |= new
+                if new and len(writes_seen) >= target["nth_write"] and armed is None:
+                    armed = (time.time(), new)
+                if armed is not None and time.time() - armed[0] >= delay:
+                    os.kill(proc.pid, signal.SIGSTOP)  # freeze it, then look: is the write still going on?
+                    deadline = time.time() + 5
+                    while not _stopped(proc.pid) and time.time() < deadline:
+                        time.sleep(0.0002)
+                    writing = [p for p in armed[1] if p.exists()]
+                    if writing:
+                        size = writing[0].stat().st_size
+                        after = round(time.time() - armed[0], 4)
+                        landed = {"landed": "write", "file": writing[0].name, "bytes": size, "after_s": after}
+                        proc.send_signal(signal.SIGKILL)
+                    else:  # renamed before the stop took hold: aim at the next write, earlier in it
+                        os.kill(proc.pid, signal.SIGCONT)
+                        armed, delay = None, delay / 2
+            elif marker.exists():
                 proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=30)
-                return (
-                    f"during checkpoint write #{len(writes_seen)}"
-                    if writing
-                    else f"{now - trained:.2f} s after its first checkpoint"
-                )
+                where = json.loads(marker.read_text())
+                landed = {"landed": where.pop("mode"), **where}
             time.sleep(0.0005)
+        proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
         log.close()
+    if landed is not None:
+        # a kill mid-write leaves the temporary file behind, never a torn last.ckpt
+        if landed["landed"] == "write":
+            landed["tmp_left"] = (run / "checkpoints" / landed["file"]).exists()
+        return landed
     if proc.returncode != 0:
         raise RuntimeError(f"run exited {proc.returncode}:\n{(cwd / 'last_attempt.log').read_text()[-3000:]}")
-    return "finished"
+    return {"landed": "finished"}
 
 
-def progress(run: Path) -> str:
+def progress(run: Path) -> dict:
+    """The checkpoint a resume starts from: optimizer steps, epoch, batches of that epoch already trained."""
     last = run / "checkpoints/last.ckpt"
     if not last.exists():
-        return "scratch (no checkpoint yet)"
+        return {"global_step": 0, "epoch": 0, "position": 0}
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
-    return f"step {ckpt['global_step']} (epoch {ckpt['epoch']})"
+    (loader,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    return {"global_step": ckpt["global_step"], "epoch": ckpt["epoch"], "position": loader["position"]}
 
 
 def compare(ref: Path, run: Path) -> list[str]:
@@ -139,25 +252,45 @@ def compare(ref: Path, run: Path) -> list[str]:
 def kill_resume(
     workdir: Path, kills: int, seed: int = 0, timeout: float = 120.0, reference: Path | None = None
 ) -> dict:
-    """Returns {"kills": [...where...], "problems": [...]}; reference: an already finished uninterrupted run."""
+    """Returns {"kills": [{"aimed": ..., "landed": ..., "resumes_from": ...}, ...], "problems": [...]};
+    reference: an already finished uninterrupted run."""
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
+    modes: list[str] = []
+    while len(modes) < kills:  # every kind in each round of three, in an order drawn from the seed
+        modes += rng.sample(MODES, len(MODES))
     if reference is None:
         reference = workdir / "reference"
         run_to_end(command(reference, resume=False), workdir, timeout)
     run = workdir / "killed"
-    where: list[str] = []
+    done: list[dict] = []
     problems: list[str] = []
-    while len(where) < kills:
-        outcome = kill_once(command(run, resume=True), workdir, run, rng, timeout)
-        # ended before the kill point: check it, then place the next kills in a new run
-        if outcome == "finished":
+    for mode in modes[:kills]:
+        target = aim(mode, progress(run)["global_step"], rng)
+        if target is None:  # no such point left in this run: finish it, check it, kill a new one
+            run_to_end(command(run, resume=True), workdir, timeout)
             problems += compare(reference, run)
             shutil.rmtree(run)
-            continue
-        where.append(f"{outcome}; resumes from {progress(run)}")
+            target = aim(mode, 0, rng)
+        landed = kill_once(command(run, resume=True), workdir, run, target, timeout)
+        done.append({"aimed": target, **landed, "resumes_from": progress(run)})
+        if landed["landed"] != mode:
+            problems.append(f"kill {len(done)} aimed at {target} landed: {landed}")
     run_to_end(command(run, resume=True), workdir, timeout)
-    return {"kills": where, "problems": problems + compare(reference, run)}
+    return {"kills": done, "problems": problems + compare(reference, run)}
+
+
+def describe(kill: dict) -> str:
+    where = {
+        "train": "mid-epoch, in the step after step {global_step} (epoch {epoch}, batch {batch})",
+        "validation": "during validation of epoch {epoch} (batch {batch})",
+        "write": "while writing a checkpoint ({file}, {after_s} s in: {bytes} bytes so far; left behind: {tmp_left})",
+    }.get(kill["landed"], "{landed}: missed its point")
+    r = kill["resumes_from"]
+    return (
+        where.format(**kill)
+        + f"; resumes from step {r['global_step']} (epoch {r['epoch']}, batch {r['position']})"
+    )
 
 
 def main() -> None:
@@ -171,8 +304,8 @@ def main() -> None:
     t0 = time.monotonic()
     # Absolute: the runs are started with cwd=workdir, so a relative --run_dir would nest inside it.
     result = kill_resume(args.workdir.resolve(), args.kills, args.seed)
-    for i, where in enumerate(result["kills"], 1):
-        print(f"kill {i:2d}: SIGKILL {where}")
+    for i, kill in enumerate(result["kills"], 1):
+        print(f"kill {i:2d}: SIGKILL {describe(kill)}")
     verdict = (
         "PASS: bit-identical to the uninterrupted run"
         if not result["problems"]

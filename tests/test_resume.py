@@ -1,20 +1,26 @@
-"""Exact resume: epoch-boundary stop, SIGTERM / Ctrl+C mid-epoch, `--ckpt_path last` in the run's own dir."""
+"""Exact resume: epoch-boundary stop, SIGTERM / Ctrl+C mid-epoch, `--ckpt_path last` in the run's own dir;
+when `last.ckpt` is written and what it holds."""
 
 import json
 import os
+import random
 import signal
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, model_checkpoint
 
-from tests.conftest import QUIET, read_summary, run_cli
+from project.data.in_memory import EpochSampler
+from project.data.resumable_loader import ResumableSampler
+from tests.conftest import read_summary, run_cli
 
 pytestmark = pytest.mark.slow
 # 4 epochs x 3 steps, a `last` checkpoint after every step: small enough for CPU, long enough to stop mid-epoch.
+# As `make train` runs (progress bar, every callback), only shorter.
 FLAGS = [
-    *QUIET,
     "--trainer.max_epochs",
     "4",
     "--trainer.limit_train_batches",
@@ -50,6 +56,42 @@ class SignalAtStep(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class DoubleCtrlC(Callback):
+    """Ctrl+C before this step's backward, and again after it: the step is still running at the second one."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+CLOCK = {"offset": 0.0}  # seconds added to ModelCheckpoint's clock (the test patches its `time` module)
+
+
+class FakeTime:
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    @staticmethod
+    def monotonic() -> float:
+        return time.monotonic() + CLOCK["offset"]
+
+
+class ClockJump(Callback):
+    """29 minutes pass before step 2, two more before step 3; the run stops (exit 99) before step 5."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        CLOCK["offset"] += {1: 29 * 60, 2: 2 * 60}.get(trainer.global_step, 0)
+        if trainer.global_step == 4:
+            raise SystemExit(99)
+
+
 def add(callback: str, **init_args) -> str:
     return "--trainer.callbacks+=" + json.dumps(
         {"class_path": f"tests.test_resume.{callback}", "init_args": init_args}
@@ -76,6 +118,7 @@ def reference(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.claim("resume-bit-identical", "resume-continues-own-run")
 def test_epoch_boundary_resume_is_bit_identical(reference, in_tmp):
     assert run_cli("fit", *FLAGS, "--run_dir", "runs/a", add("StopAfterEpoch", epoch=2)) == 99
     assert weights("runs/a")["epoch"] == 1 and not (in_tmp / "runs/a/summary.json").exists()
@@ -88,6 +131,7 @@ def test_epoch_boundary_resume_is_bit_identical(reference, in_tmp):
     assert (in_tmp / "runs/a/metrics.1.csv").exists() and (in_tmp / "runs/a/metrics.csv").exists()
 
 
+@pytest.mark.claim("resume-bit-identical", "stop-signal-saves-and-exits", "checkpoint-holds-full-state")
 def test_sigterm_mid_epoch_saves_exits_143_and_resumes_identically(reference, in_tmp):
     code = run_cli("fit", *FLAGS, "--run_dir", "runs/t", add("SignalAtStep", step=7))
     assert code == 143
@@ -99,10 +143,17 @@ def test_sigterm_mid_epoch_saves_exits_143_and_resumes_identically(reference, in
     (loader_state,) = state["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     # The in-memory loader (digits' default) counts `position`, the DataLoader path `batches`.
     assert loader_state["epoch"] == 2 and loader_state.get("position", loader_state.get("batches")) == 2
+    # The rest of what the README says a checkpoint holds: optimizer (AdamW moments), LR schedule, epoch,
+    # and every random stream (CUDA's only where CUDA is in use).
+    assert state["epoch"] == 2 and state["optimizer_states"][0]["state"]
+    assert state["lr_schedulers"][0]["last_epoch"] == 8  # stepped once per optimizer step
+    (rng,) = [v for k, v in state["callbacks"].items() if k.startswith("RNGState")]
+    assert {"python", "numpy", "torch"} <= set(rng) and ("cuda" in rng) == torch.cuda.is_initialized()
     assert run_cli("fit", *FLAGS, "--ckpt_path", "runs/t/checkpoints/last.ckpt") == 0
     assert_identical(reference, in_tmp / "runs/t")
 
 
+@pytest.mark.claim("stop-signal-saves-and-exits")
 def test_ctrl_c_saves_and_exits_130(in_tmp):
     code = run_cli(
         "fit",
@@ -117,3 +168,55 @@ def test_ctrl_c_saves_and_exits_130(in_tmp):
     )
     assert code == 130
     assert weights("r")["global_step"] == 2
+
+
+@pytest.mark.claim("second-ctrl-c-stops-at-once")
+def test_second_ctrl_c_stops_at_once_without_saving(in_tmp, capsys):
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        code = run_cli(
+            "fit", *FLAGS, "--trainer.max_epochs", "1", "--run_dir", "r", add("DoubleCtrlC", step=1)
+        )
+    finally:  # Lightning ignores SIGINT after a KeyboardInterrupt; give this process its Ctrl+C back
+        signal.signal(signal.SIGINT, previous)
+    # Lightning turns the KeyboardInterrupt into exit 1 (trainer/call.py); 130 would mean "saved, then exited"
+    assert code == 1
+    # step 2 never finished: last.ckpt is the every-step checkpoint of step 1, nothing saved at the stop
+    assert weights("r")["global_step"] == 1
+    err = capsys.readouterr().err
+    assert err.count("Received SIGINT") == 1 and "Saved " not in err
+
+
+@pytest.mark.claim("last-every-30-minutes")
+def test_last_ckpt_is_written_mid_epoch_every_30_minutes(in_tmp, monkeypatch):
+    """The default config's time rule, on a clock moved forward instead of waiting half an hour."""
+    monkeypatch.setitem(CLOCK, "offset", 0.0)
+    monkeypatch.setattr(model_checkpoint, "time", FakeTime())
+    flags = ["--trainer.max_epochs", "1", "--trainer.limit_val_batches", "1", "--run_dir", "r"]
+    assert run_cli("fit", *flags, add("ClockJump")) == 99
+    state = weights("r")
+    # 29 min (< 30) after the start nothing is saved; at 31 min, after step 3, last.ckpt is: mid-epoch
+    # (3 of the epoch's batches done) and not again one step later (the next 30 minutes start then).
+    assert state["global_step"] == 3 and state["epoch"] == 0
+    (loader_state,) = state["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert loader_state["position"] == 3
+
+
+@pytest.mark.claim("epoch-order-seed-epoch")
+def test_each_epochs_order_depends_only_on_seed_and_epoch():
+    def orders(seed: int) -> list:
+        # fresh samplers, the global random streams disturbed in between: nothing but (seed, epoch) counts
+        random.seed(seed + 1)
+        np.random.seed(seed + 2)
+        torch.manual_seed(seed + 3)
+        memory, loader = EpochSampler(500, True, seed), ResumableSampler(500, seed)
+        out = []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            out.append((memory.indices(epoch).tolist(), loader.order()))
+        return out
+
+    first = orders(0)
+    assert orders(0) == first  # same (seed, epoch): same order, whatever the process did before
+    assert first[0][0] != first[1][0] and first[0][1] != first[1][1]  # another epoch: another order
+    assert orders(1)[0][0] != first[0][0] and orders(1)[0][1] != first[0][1]  # another seed: another order

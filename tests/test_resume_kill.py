@@ -1,10 +1,15 @@
-"""Kill -9 at random moments (mid-epoch, validation, checkpoint writes), resume from `last` each time: the end
-result is bit-identical to an uninterrupted run. scripts/kill_resume.py --kills 20 is the stronger check."""
+"""Kill -9 a run mid-epoch, during validation and while a checkpoint is written, resume from `last` each time:
+the end result is bit-identical to an uninterrupted run (scripts/kill_resume.py --kills 20 is the stronger
+check). Kill -9 a checkpoint writer: the file on disk is always a whole checkpoint."""
 
 import importlib.util
+import os
+import sys
 
 import pytest
+import torch
 
+from project.checkpoint import AtomicCheckpointIO
 from tests.conftest import CONFIGS, REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -12,8 +17,85 @@ pytestmark = pytest.mark.slow
 spec = importlib.util.spec_from_file_location("kill_resume", REPO / "scripts/kill_resume.py")
 kill_resume = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(kill_resume)
+STEPS = kill_resume.STEPS_PER_EPOCH
 
 
+# Calls that change what is on disk (the last part of the callee's name): a process can only leave a different
+# file behind if it dies between two of them.
+IO_CALLS = {
+    "open", "fdopen", "mkstemp", "write", "writelines", "write_record", "write_end_of_file", "flush", "fsync",
+    "close", "__exit__", "truncate", "ftruncate", "replace", "rename", "link", "symlink", "unlink", "remove",
+    "sendfile", "copyfile", "copyfileobj", "copy_file_range", "splice",
+}  # fmt: skip
+
+
+def _io_call_numbers(write) -> list[int]:
+    """Run `write()` under a profiler; the event numbers at which it calls into I/O (see IO_CALLS)."""
+    numbers, count = [], 0
+
+    def hook(frame, event, arg):
+        nonlocal count
+        count += 1
+        if event == "c_call" and getattr(arg, "__name__", "").rsplit(".", 1)[-1] in IO_CALLS:
+            numbers.append(count)
+
+    sys.setprofile(hook)
+    try:
+        write()
+    finally:
+        sys.setprofile(None)
+    return numbers
+
+
+@pytest.mark.claim("checkpoint-write-atomic")
+def test_a_crash_before_any_io_call_of_a_write_leaves_a_whole_checkpoint(tmp_path):
+    """What a crash can leave on disk changes only at I/O calls. For each I/O call a checkpoint write makes
+    (opening, each record torch.save writes, flush, fsync, close, rename, cleanup), a forked child dies just
+    before it (os._exit: no cleanup runs, as with kill -9); last.ckpt must then load and be the old or the new
+    version whole, never a torn file."""
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    # ~1 MB each, like the ConvNet's checkpoints; made here, so the child runs no parallel torch op
+    blobs = [torch.zeros(250_000), torch.ones(250_000)]
+    io.save_checkpoint({"version": 0, "blob": blobs[0]}, path)
+
+    def write(version: int) -> None:  # the same call in the profiled run and in the children
+        io.save_checkpoint({"version": version, "blob": blobs[version % 2]}, path)
+
+    points = _io_call_numbers(lambda: write(1))
+    assert len(points) >= 8, points  # open, >= 3 records, flush, fsync, close, rename: the write is seen
+    seen = []
+    for version, point in enumerate([*points, None], start=2):  # None: no crash, the write completes
+        for stale in tmp_path.glob(".*.tmp"):  # the same directory state for every child
+            stale.unlink()
+        pid = os.fork()
+        if pid == 0:
+            count = 0
+
+            def die(frame, event, arg, point=point):
+                nonlocal count
+                count += 1
+                if count == point:  # the I/O call's c_call event: it has not run yet
+                    os._exit(3)
+
+            code = 1  # the child never returns into pytest, whatever happens
+            try:
+                sys.setprofile(die)
+                (lambda: write(version))()
+                sys.setprofile(None)
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)  # a torn zip raises here
+        assert torch.equal(ckpt["blob"], blobs[ckpt["version"] % 2]), (point, ckpt["version"])
+        seen.append((os.waitstatus_to_exitcode(status), ckpt["version"] == version))
+    # the children did die at those points (3), the last one wrote its version, and a crash before the
+    # rename kept the previous one
+    assert [code for code, _ in seen] == [3] * len(points) + [0] and seen[-1][1] and not seen[0][1]
+
+
+@pytest.mark.claim("resume-bit-identical", "checkpoint-write-atomic")
 @pytest.mark.timeout(600)  # 6 process starts of ~7 s imports each, more on a loaded machine
 def test_five_kill_9s_in_one_run_end_bit_identical(tmp_path):
     reference = tmp_path / "reference"  # in-process: saves one ~7 s subprocess start
@@ -21,5 +103,21 @@ def test_five_kill_9s_in_one_run_end_bit_identical(tmp_path):
         run_cli("fit", "--config", CONFIGS / "default.yaml", *kill_resume.FLAGS, "--run_dir", reference) == 0
     )
     result = kill_resume.kill_resume(tmp_path, kills=5, seed=1, timeout=150, reference=reference)
-    assert len(result["kills"]) == 5
+    kills = result["kills"]
+    assert [k["landed"] for k in kills] == [k["aimed"]["mode"] for k in kills]
+    assert {k["landed"] for k in kills} == {"train", "validation", "write"}
+    for kill in kills:
+        resumed = kill["resumes_from"]
+        if kill["landed"] == "train":
+            # killed in the middle of step s+1 (after backward, before the update): the checkpoint written
+            # after step s survives and is mid-epoch (a batch of that epoch trained, not all of them)
+            assert resumed["global_step"] == kill["aimed"]["step"] == kill["global_step"]
+            assert resumed["position"] == kill["batch"] and 0 < kill["batch"] < STEPS
+        elif kill["landed"] == "validation":
+            # the last checkpoint before an epoch's validation is the mid-epoch one of its second-to-last
+            # batch (StepCheckpoint skips the last: the epoch-end save follows validation)
+            assert resumed["global_step"] == kill["aimed"]["step"] - 1 and resumed["position"] == STEPS - 1
+        else:
+            # died mid-write: its temporary file stays, last.ckpt is the previous (complete) one
+            assert kill["tmp_left"], kill
     assert result["problems"] == []
