@@ -1,5 +1,7 @@
 """Run-directory and logger plumbing for resuming: SLURM requeue, wandb run id, CSV history (no training)."""
 
+import pytest
+
 import project.run_dir
 from project.run_dir import keep_csv_history, resolve_run_dir
 
@@ -21,6 +23,7 @@ def test_resumed_run_reuses_the_wandb_run_id(tmp_path):
     assert wandb_run_id(tmp_path) == first  # the same run dir (a resume) gets the same W&B run
 
 
+@pytest.mark.claim("resume-continues-own-run")
 def test_resume_keeps_previous_csv_metrics(tmp_path):
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
     keep_csv_history(tmp_path)
@@ -29,6 +32,7 @@ def test_resume_keeps_previous_csv_metrics(tmp_path):
     ).exists()
 
 
+@pytest.mark.claim("resume-continues-own-run")
 def test_only_rank_0_moves_the_csv_history(tmp_path, monkeypatch):
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
     # as a torchrun/srun rank 1 parsing the same command
