@@ -42,6 +42,7 @@ OPTIONS = [
 ]
 
 
+@pytest.mark.claim("bench-smoke")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_smoke_writes_every_key(tmp_path):

@@ -20,6 +20,13 @@ def only_run_dir(root: Path) -> Path:
     return runs[0]
 
 
+@pytest.mark.claim(
+    "train-prints-run-dir",
+    "run-dir-layout",
+    "summary-keys",
+    "evaluate-writes-next-to-run",
+    "precision-32-on-cpu",
+)
 @pytest.mark.slow
 def test_fit_trains_tests_and_leaves_a_complete_run_directory(in_tmp, capsys):
     assert run_cli("fit", "--config", CONFIGS / "default.yaml", *FAST) == 0
@@ -27,6 +34,10 @@ def test_fit_trains_tests_and_leaves_a_complete_run_directory(in_tmp, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"Run directory: {run.relative_to(in_tmp)}"
 
     summary = read_summary(run)
+    assert {  # the README's list of summary.json keys
+        "best_val_acc", "test_acc", "test_loss", "test_acc_top5", "best_checkpoint", "last_checkpoint", "epochs",
+        "global_step", "seed", "train_seconds",
+    } <= set(summary)  # fmt: skip
     assert summary["test_acc"] >= 0.95 and summary["best_val_acc"] >= 0.95  # 4 epochs; 30 reach >= 0.99
     assert summary["epochs"] == 4 and summary["global_step"] == 4 * 20 and summary["seed"] == 0
     assert summary["train_seconds"] > 0
@@ -41,6 +52,7 @@ def test_fit_trains_tests_and_leaves_a_complete_run_directory(in_tmp, capsys):
     assert config["seed_everything"] == 0 and config["run_dir"] == str(run.relative_to(in_tmp))
     assert config["trainer"]["precision"] == "32-true"  # resolved for this CPU machine
     assert (run / "metrics.csv").exists() and list(run.glob("events.out.tfevents.*"))
+    assert (run / "hparams.yaml").exists() and (run / "report.png").exists()  # the README's run directory
 
     # The checkpoint rebuilds its model from the saved config, and loads with weights_only=True.
     model = ClassificationModule.load_from_checkpoint(summary["best_checkpoint"], weights_only=True)
@@ -70,6 +82,7 @@ def test_fit_trains_tests_and_leaves_a_complete_run_directory(in_tmp, capsys):
     assert not [w for w in caught if "Experiment logs directory" in str(w.message)]
 
 
+@pytest.mark.claim("same-seed-same-accuracies")
 @pytest.mark.slow
 def test_same_seed_gives_identical_accuracies(in_tmp):
     args = ["fit", *FAST, "--trainer.max_epochs", "2"]

@@ -2,12 +2,14 @@
 
 import functools
 
+import pytest
 import torch
 
 from project.models import ConvNet
 from project.module import ClassificationModule
 
 
+@pytest.mark.claim("compile-plain-keys")
 def test_compiled_module_state_dict_loads_into_an_uncompiled_model(monkeypatch):
     # The eager backend: dynamo traces the model as with inductor, without minutes of C++ compilation.
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
@@ -23,6 +25,7 @@ def test_compiled_module_state_dict_loads_into_an_uncompiled_model(monkeypatch):
     assert torch.allclose(plain(x), compiled(x), atol=1e-5)
 
 
+@pytest.mark.claim("channels-last-option")
 def test_channels_last_option_converts_the_model_and_batches():
     module = ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8), channels_last=True)
     module.setup("fit")

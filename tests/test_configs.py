@@ -10,6 +10,7 @@ OFFLINE = {"finetune.yaml": "model: {init_args: {model: {init_args: {weights: nu
 ALL = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml"))
 
 
+@pytest.mark.claim("configs-overlay")
 @pytest.mark.parametrize("name", ALL)
 def test_config_instantiates(name, in_tmp):
     extra = []

@@ -24,6 +24,7 @@ def train(run_dir, seed: int) -> dict:
     return torch.load(run_dir / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
 
 
+@pytest.mark.claim("same-seed-bit-identical")
 def test_same_seed_same_weights_other_seed_other_weights(tmp_path, caplog):
     a, b, c = train(tmp_path / "a", 7), train(tmp_path / "b", 7), train(tmp_path / "c", 8)
     assert all(torch.equal(a[k], b[k]) for k in a)

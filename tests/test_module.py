@@ -24,6 +24,7 @@ def test_wrong_input_channels_is_a_clear_error():
         ClassificationModule(ConvNet(num_classes=10, in_channels=3), num_classes=10, input_shape=(1, 8, 8))
 
 
+@pytest.mark.claim("adamw-fused-no-decay-on-bias-norm")
 def test_no_weight_decay_on_biases_and_norm_parameters():
     module = make_module(weight_decay=0.1)
     module.trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False)
@@ -35,6 +36,7 @@ def test_no_weight_decay_on_biases_and_norm_parameters():
     assert len(no_decay["params"]) == 2 * n_bn + 1  # BN weight+bias per norm, plus the head's bias
 
 
+@pytest.mark.claim("metrics-float32-logits")
 def test_metrics_are_float32_under_bf16_autocast():
     module = make_module()
     x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
@@ -56,6 +58,7 @@ def test_top5_only_with_more_than_five_classes():
     assert not small.top5
 
 
+@pytest.mark.claim("lr-warmup-cosine-per-step")
 def test_learning_rate_follows_warmup_then_cosine(tmp_path):
     """Train a few steps on random data and read back the lr the optimizer actually used per step."""
     from torch.utils.data import DataLoader, TensorDataset
@@ -84,6 +87,7 @@ def test_learning_rate_follows_warmup_then_cosine(tmp_path):
     assert all(a >= b for a, b in zip(seen[4:], seen[5:]))
 
 
+@pytest.mark.claim("adamw-fused-no-decay-on-bias-norm")
 def test_adamw_uses_the_fused_kernel_where_torch_has_one():
     from project.module import fused_supported
 

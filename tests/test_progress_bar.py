@@ -1,5 +1,6 @@
 """ProgressBar redraws at most every min_interval seconds, and always on an epoch's last batch."""
 
+import pytest
 from lightning.pytorch.callbacks import RichProgressBar
 
 from project.callbacks import ProgressBar
@@ -9,6 +10,7 @@ class _Trainer:
     sanity_checking = False
 
 
+@pytest.mark.claim("progress-bar-throttled")
 def test_batches_between_redraws_are_skipped_but_the_last_is_drawn(monkeypatch):
     drawn = []
     monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda self, t, m, o, b, i: drawn.append(i))

@@ -21,6 +21,7 @@ class NaNAtStep(ClassificationModule):
         return loss * float("nan") if self.global_step == self.nan_at_step else loss
 
 
+@pytest.mark.claim("nan-loss-stops-run")
 def test_nan_loss_stops_with_where_and_keeps_last_good_checkpoint(in_tmp, capsys):
     code = run_cli(
         "fit",

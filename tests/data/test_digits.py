@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from project.data import ImageClassificationDataModule
@@ -13,6 +14,7 @@ def labels_of(dataset) -> torch.Tensor:
     return dataset.labels
 
 
+@pytest.mark.claim("digits-test-split")
 def test_digits_splits_are_stratified_disjoint_and_complete():
     dm = setup_dm()
     sizes = [len(dm.train_set), len(dm.val_set), len(dm.test_set)]
@@ -26,6 +28,7 @@ def test_digits_splits_are_stratified_disjoint_and_complete():
     assert not torch.isin(flat[2].sum(1) * 1e3 + flat[2][:, 20], flat[0].sum(1) * 1e3 + flat[0][:, 20]).all()
 
 
+@pytest.mark.claim("digits-test-split")
 def test_split_is_fixed_by_split_seed_not_the_training_seed():
     import lightning as L
 
@@ -75,6 +78,7 @@ def test_state_dict_carries_classes_and_preprocessing():
     assert state["input_shape"] == [1, 8, 8]
 
 
+@pytest.mark.claim("digits-embedded")
 def test_embedded_file_is_the_uci_digits_set():
     from project.data.digits import load_digits_tensors
 

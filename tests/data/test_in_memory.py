@@ -44,6 +44,7 @@ def test_rank_shards_are_disjoint_equal_and_cover_the_split(shuffle):
     assert sum(map(len, shards)) == len(union) == 96
 
 
+@pytest.mark.claim("resume-same-world-and-batch-size")
 def test_state_dict_round_trip_resumes_the_exact_remaining_batches():
     original = make_loader(augment="digits", seed=5)
     epoch_labels(original)  # finish epoch 0, so the resumed point is inside epoch 1
@@ -61,6 +62,8 @@ def test_state_dict_round_trip_resumes_the_exact_remaining_batches():
         assert torch.equal(ya, yb) and torch.equal(xa, xb)  # same samples, same augmentation
     with pytest.raises(ValueError, match="batch_size"):
         make_loader(batch_size=4).load_state_dict(state)
+    with pytest.raises(ValueError, match="world_size"):  # another number of processes
+        make_loader(rank=0, world_size=2).load_state_dict(state)
 
 
 def test_lightning_set_epoch_restarts_a_cut_short_epoch():
