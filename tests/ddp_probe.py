@@ -1,40 +1,57 @@
 """A callback the DDP tests add to a real run: it records what each rank saw, and can make one rank fail."""
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 
 class SampleProbe(Callback):
-    """Writes `<out_dir>/rank<r>.json`: per-epoch training indices, eval sample counts, the world size.
+    """Writes `<out_dir>/rank<r>.json`: per-epoch training indices, eval sample counts, the world size, and what
+    this rank runs with (intra-op threads, the process group's collective timeout, the optimizer's lr).
 
     Args:
         out_dir: where to write (outside the run directory, which only rank 0 may write to).
         crash_rank: this rank raises after `crash_step` optimizer steps; -1 = nobody fails.
         crash_step: see crash_rank.
+        usr1_step: every rank sends itself SIGUSR1 once `usr1_step` optimizer steps are done, as SLURM signals
+            every task of a job (`--signal=SIGUSR1@90`) before its time limit; -1 = never.
     """
 
-    def __init__(self, out_dir: str, crash_rank: int = -1, crash_step: int = 0) -> None:
+    def __init__(self, out_dir: str, crash_rank: int = -1, crash_step: int = 0, usr1_step: int = -1) -> None:
         self.out = Path(out_dir)
-        self.crash_rank, self.crash_step = crash_rank, crash_step
+        self.crash_rank, self.crash_step, self.usr1_step = crash_rank, crash_step, usr1_step
         self.record: dict = {"train_epochs": [], "val": [], "test": []}
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         self.record["world_size"] = trainer.world_size
+        self.record["threads"] = torch.get_num_threads()
+        self.record["omp_num_threads_env"] = os.environ.get("OMP_NUM_THREADS")
+        if dist.is_available() and dist.is_initialized():
+            backend = dist.group.WORLD._get_backend(torch.device("cpu"))  # gloo's options carry the timeout
+            self.record["pg_timeout_s"] = backend.options._timeout.total_seconds()
         if trainer.global_rank == 0:  # the starting weights, for the single-process replay
             torch.save(
                 {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}, self.out / "init.pt"
             )
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After a resume, the step the checkpoint was taken at; 0 for a fresh run.
+        self.record["start_step"] = trainer.global_step
+        # The lr each parameter group was built with (LambdaLR keeps it as initial_lr; the schedule's peak).
+        self.record["initial_lrs"] = [g["initial_lr"] for g in trainer.optimizers[0].param_groups]
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loader = trainer.train_dataloader
-        # Lightning's DistributedSampler (DataLoader path) or the in-memory loader's EpochSampler, both already
-        # set_epoch()-ed for this epoch.
+        # Lightning's DistributedSamplerWrapper (DataLoader path) or the in-memory loader's EpochSampler, both
+        # already set_epoch()-ed for this epoch.
         sampler = loader.sampler
         consumed = len(loader) * loader.batch_size  # drop_last: the tail of the shard is never read
         self.record["train_epochs"].append(
@@ -51,6 +68,8 @@ class SampleProbe(Callback):
             raise RuntimeError(
                 f"SampleProbe: rank {self.crash_rank} fails on purpose at step {trainer.global_step}"
             )
+        if trainer.global_step == self.usr1_step:
+            os.kill(os.getpid(), signal.SIGUSR1)  # Python runs the handler (Lightning's) before the next step
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Callbacks run before the module's hook, so the metric states are still this rank's own, unsynced.
@@ -79,8 +98,9 @@ class SampleProbe(Callback):
 class PlainCNN(torch.nn.Module):
     """A BatchNorm-free, dropout-free CNN for the equivalence test.
 
-    BatchNorm normalises over each device's batch (SyncBatchNorm, which would fix that, is GPU-only), and dropout
-    draws different masks per process: either makes 2 x B on two processes differ from 2B on one by design.
+    BatchNorm's running statistics differ by design under DDP (each rank updates them from its own batches and
+    DDP broadcasts rank 0's), and dropout draws different masks per process: either makes a DDP run differ from
+    its single-process replay for reasons other than the gradient reduction the test is about.
     """
 
     def __init__(self, num_classes: int, in_channels: int = 1, width: int = 16) -> None:

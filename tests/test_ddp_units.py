@@ -1,16 +1,24 @@
-"""DDP logic that needs no second process: run directories under launchers, eval sharding, lr scaling."""
+"""DDP logic that needs no second process: run directories under launchers, eval sharding, lr scaling, the
+launchers' device count, sync_batchnorm on CPU, and the bit-for-bit comparison the equivalence test relies on."""
 
 import multiprocessing
+import os
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from project.data import ImageClassificationDataModule
 from project.errors import ConfigError
 from project.module import ClassificationModule
 from project.run_dir import check_writable, resolve_run_dir
+from tests.conftest import CONFIGS, QUIET, REPO, run_cli
 from tests.ddp_probe import PlainCNN
+from tests.ddp_processes import QUICK_DEADLINE_S
+from tests.ddp_replay import interleaved, replay, weight_difference
 
 LAUNCHER_VARS = ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID")
 
@@ -23,6 +31,7 @@ def no_launcher(monkeypatch):
     return monkeypatch
 
 
+@pytest.mark.claim("ddp-torchrun-run-name")
 def test_torchrun_ranks_derive_the_same_run_dir_from_the_rendezvous_id(no_launcher):
     no_launcher.setenv("TORCHELASTIC_RUN_ID", "exp7")
     no_launcher.setenv("WORLD_SIZE", "4")
@@ -30,6 +39,7 @@ def test_torchrun_ranks_derive_the_same_run_dir_from_the_rendezvous_id(no_launch
     assert str(resolve_run_dir("runs/mine", None)) == "runs/mine"  # an explicit --run_dir still wins
 
 
+@pytest.mark.claim("ddp-slurm-requeue")
 def test_srun_tasks_share_a_run_dir_per_job(no_launcher):
     no_launcher.setenv("SLURM_PROCID", "3")
     no_launcher.setenv("SLURM_NTASKS", "8")
@@ -37,6 +47,7 @@ def test_srun_tasks_share_a_run_dir_per_job(no_launcher):
     assert str(resolve_run_dir(None, None)) == "runs/slurm-4242"
 
 
+@pytest.mark.claim("ddp-torchrun-run-name")
 def test_torchrun_without_a_run_name_is_an_error_that_names_the_fix(no_launcher):
     no_launcher.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default --rdzv_id
     no_launcher.setenv("WORLD_SIZE", "2")
@@ -53,18 +64,20 @@ def _check_run_dirs_in_step(runs, barrier, errors) -> None:
             errors.put(str(err))
 
 
+@pytest.mark.claim("ddp-one-run-dir")
 def test_ranks_checking_one_new_run_dir_at_once_all_pass_and_leave_nothing(tmp_path):
     # Found by the two-node test: with one shared probe file name and the folders removed afterwards, one rank
     # deleted what another was checking ("is not writable (Directory not empty)"), and the other node's rank then
     # waited for it until the process group timed out.
     runs, ranks = [tmp_path / f"r{i}" / "runs" / "exp" for i in range(30)], 4
     ctx = multiprocessing.get_context("fork")
-    barrier, errors = ctx.Barrier(ranks, timeout=30), ctx.SimpleQueue()
+    # Deadlines (barrier, join): a hang fails the test instead of blocking the suite.
+    barrier, errors = ctx.Barrier(ranks, timeout=QUICK_DEADLINE_S), ctx.SimpleQueue()
     procs = [ctx.Process(target=_check_run_dirs_in_step, args=(runs, barrier, errors)) for _ in range(ranks)]
     for proc in procs:
         proc.start()
     for proc in procs:
-        proc.join(timeout=60)
+        proc.join(timeout=2 * QUICK_DEADLINE_S)
     assert [proc.exitcode for proc in procs] == [0] * ranks
     failures = []
     while not errors.empty():
@@ -74,6 +87,7 @@ def test_ranks_checking_one_new_run_dir_at_once_all_pass_and_leave_nothing(tmp_p
     assert not list(tmp_path.rglob("*.write-test*")) and not list(tmp_path.rglob("runs"))
 
 
+@pytest.mark.claim("ddp-eval-counted-once")
 @pytest.mark.parametrize("in_memory", [True, False], ids=["in-memory", "dataloader"])
 def test_val_and_test_shards_cover_each_sample_exactly_once(in_memory):
     data = ImageClassificationDataModule(
@@ -91,43 +105,141 @@ def test_val_and_test_shards_cover_each_sample_exactly_once(in_memory):
         assert sorted(seen) == list(range(size)) and size % 3 != 0
 
 
+@pytest.mark.claim("ddp-lr-scaling")
 def test_lr_scaling_linear_multiplies_by_world_size():
     module = ClassificationModule(PlainCNN(10), num_classes=10, lr=0.001)
-    assert module.scaled_lr(8) == pytest.approx(0.001)  # default: the lr as configured
+    assert module.scaled_lr(8) == 0.001  # default: the lr as configured, untouched
     linear = ClassificationModule(PlainCNN(10), num_classes=10, lr=0.001, lr_scaling="linear")
-    assert linear.scaled_lr(8) == pytest.approx(0.008)
+    assert linear.scaled_lr(8) == 0.001 * 8  # the same product the module computes: exact equality
     optimizer = linear.configure_optimizers()["optimizer"]  # outside a Trainer: world size 1
-    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["lr"] == pytest.approx(0.001)
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["lr"] == 0.001
 
 
-def test_make_train_ddp_runs_the_command_the_ddp_test_runs(tmp_path):
-    # `make -n` prints the recipe without running it (-o: never rebuild the environment). Without a GPU, NPROC is 2.
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
+def _stand_ins(tmp_path: Path, gpus: int) -> dict:
+    """PATH with a stand-in `nvidia-smi` first (listing `gpus` GPUs, or failing as it does on a machine without
+    any), and PY = a stand-in python that prints the command it was given instead of running it."""
+    bin_dir = tmp_path / f"bin-{gpus}"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: GPU-{i})'\n" for i in range(gpus))
+    smi.write_text("#!/usr/bin/env bash\n" + (lines if gpus else "exit 9\n"))
+    echo = bin_dir / "echo-python"
+    echo.write_text('#!/usr/bin/env bash\necho "PROJECT_RUN_DIR=$PROJECT_RUN_DIR $*"\n')
+    for f in (smi, echo):
+        f.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PY": str(echo)}
 
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    venv = Path(sys.executable).parent.parent
-    recipe = subprocess.run(
-        [
-            "make",
-            "-n",
-            "-o",
-            str(venv / ".project-installed"),
-            "train-ddp",
-            f"VIRTUAL_ENV={venv}",
-            "ARGS=--x 1",
-        ],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        check=True,
+
+@pytest.mark.claim("ddp-make-train-ddp", "ddp-torchrun-nodes")
+def test_make_and_torchrun_sh_start_one_process_per_gpu_or_two_without(tmp_path):
+    # The GPU branch of the launchers' device count, which a CPU machine never takes: `make train-ddp` itself
+    # runs in the README-commands test (NPROC=2 here); this evaluates make's NPROC and runs scripts/torchrun.sh
+    # (with a stand-in python) under a stand-in nvidia-smi with 8 GPUs, and without any.
+    print_nproc = [
+        "make",
+        "-s",
+        "--no-print-directory",
+        "--eval",
+        "print-nproc: ; @echo $(NPROC)",
+        "print-nproc",
+    ]
+    for gpus, nproc in ((0, "2"), (8, "auto")):
+        env = _stand_ins(tmp_path, gpus)
+        made = subprocess.run(
+            print_nproc, cwd=REPO, env=env, capture_output=True, text=True, timeout=QUICK_DEADLINE_S
+        )
+        assert made.returncode == 0 and made.stdout.strip() == nproc, made
+        one_node = subprocess.run(
+            [REPO / "scripts/torchrun.sh", "--", "--trainer.max_epochs", "5"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=QUICK_DEADLINE_S,
+        )
+        assert one_node.returncode == 0, one_node.stderr
+        procs = "2" if gpus == 0 else str(gpus)  # torchrun.sh: the GPU count, or 2 CPU processes
+        words = one_node.stdout.split()
+        run_id = words[words.index("--rdzv_id") + 1]  # a timestamp: one node needs no --run_id
+        assert words[0] == f"PROJECT_RUN_DIR=runs/{run_id}"
+        assert " ".join(words[1:]).startswith(
+            f"-m torch.distributed.run --nnodes 1 --nproc_per_node {procs} --node_rank 0 "
+        )
+        assert f"--trainer.devices {procs} --trainer.num_nodes 1 --trainer.max_epochs 5" in one_node.stdout
+
+    # Several nodes: one --run_id for all of them, or the script refuses and says what to pass.
+    nodes = [REPO / "scripts/torchrun.sh", "--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1"]
+    refused = subprocess.run(nodes, env=env, capture_output=True, text=True, timeout=QUICK_DEADLINE_S)
+    assert refused.returncode == 2 and "pass --run_id NAME, the same on every node" in refused.stderr
+    second = subprocess.run(
+        [*nodes, "--run_id", "exp1"], env=env, capture_output=True, text=True, timeout=QUICK_DEADLINE_S
     ).stdout
-    gpus = shutil.which("nvidia-smi") is not None
-    expected = (
-        "-m project fit --config configs/default.yaml --config configs/ddp.yaml "
-        f"--trainer.devices {'auto' if gpus else 2} --trainer.num_nodes 1 --x 1"
+    assert second.startswith(
+        "PROJECT_RUN_DIR=runs/exp1 -m torch.distributed.run --nnodes 2 --nproc_per_node 8"
     )
-    assert expected in recipe, recipe
+    assert "--node_rank 1 --master_addr 10.0.0.1" in second and "--rdzv_id exp1" in second
+    # devices x num_nodes = torchrun's world size
+    assert "--trainer.devices 8 --trainer.num_nodes 2" in second
+
+
+@pytest.mark.claim("ddp-sync-batchnorm")
+def test_sync_batchnorm_is_off_in_ddp_yaml_and_on_cpu_an_error_naming_the_fix(in_tmp, capsys):
+    assert yaml.safe_load((CONFIGS / "ddp.yaml").read_text())["trainer"]["sync_batchnorm"] is False
+    # Asking for it on CPU stops before any process starts (SyncBatchNorm is CUDA-only).
+    code = run_cli(
+        "fit",
+        "--config",
+        CONFIGS / "default.yaml",
+        "--config",
+        CONFIGS / "ddp.yaml",
+        "--trainer.devices",
+        "2",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.sync_batchnorm",
+        "true",
+        *QUIET,
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "Set --trainer.sync_batchnorm false." in err, err[-2000:]
+    assert not (in_tmp / "runs").exists() or not list((in_tmp / "runs").rglob("*.ckpt"))
+
+
+class SummedLoss(ClassificationModule):
+    """The loss a sum over 2 ranks' gradients gives where the mean was meant: twice the mean."""
+
+    def training_step(self, batch, batch_idx):
+        return 2 * super().training_step(batch, batch_idx)
+
+
+@pytest.mark.claim("ddp-equivalence")
+def test_the_replay_comparison_catches_a_sum_instead_of_a_mean():
+    # The DDP equivalence test compares the DDP run bit for bit with a one-process replay (tests/ddp_replay.py).
+    # Here, in one process, that comparison must (1) find two replays of the same reference identical, so a
+    # difference can only come from the computation, and (2) report a sum instead of a mean. AdamW divides the
+    # gradient by the root of its running square: x2 changes the update only through eps, by ~1e-7 here, which a
+    # loose tolerance would not see.
+    data = ImageClassificationDataModule(batch_size=32, augment=False)
+    data.setup("fit")
+    x = torch.stack([data.train_set[i][0] for i in range(320)])
+    y = torch.tensor([data.train_set[i][1] for i in range(320)])
+    ranks = [[list(range(r, 320, 2))] for r in range(2)]  # 1 epoch, 2 "ranks" x 5 batches of 32: 5 steps
+    epochs = interleaved(ranks, 32)
+    config = yaml.safe_load((CONFIGS / "default.yaml").read_text())["model"]["init_args"]
+    hparams = {
+        k: config[k] for k in ("lr", "weight_decay", "warmup_epochs", "label_smoothing", "channels_last")
+    }
+
+    def train(module_class) -> dict:
+        torch.manual_seed(0)
+        module = module_class(PlainCNN(10), num_classes=10, **hparams)
+        trainer = replay(module, x, y, epochs, accumulate=2, trainer_kwargs={"deterministic": True})
+        assert trainer.global_step == 5
+        return module.state_dict()
+
+    reference = train(ClassificationModule)
+    assert weight_difference(reference, train(ClassificationModule)) == ([], 0.0)
+    differ, diff = weight_difference(reference, train(SummedLoss))
+    print(
+        f"\nloss x2 (a sum over 2 ranks instead of the mean) after 5 steps: max abs weight difference {diff:.2e}"
+    )
+    assert differ  # every weight moved differently; the bias of a layer may by chance not

@@ -1,0 +1,140 @@
+"""Processes for the multi-process tests: start them in a session of their own, wait for several that depend on
+each other with a deadline, kill whatever a launcher left behind."""
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+# Deadlines. They tell a hang from a slow run and are no performance bar: a hung collective waits out
+# configs/ddp.yaml's 10-minute timeout (a rendezvous whose peer never came, 30 min), while one launch of these tests
+# took at most ~155 s with this machine's 2 cores (AMD EPYC) shared by 5 other test runs, 2026-12-01.
+LAUNCH_DEADLINE_S = 300  # start to exit of one launch (all its processes)
+TEST_DEADLINE_S = LAUNCH_DEADLINE_S + 60  # pytest-timeout: the launch plus the in-process work around it
+# Once one process of a run has failed, its partners get this long to exit before they are killed: the failing-rank
+# test sees a whole run gone 5-21 s after one rank raised (same machine, idle to shared 5 ways).
+FAILURE_GRACE_S = 30
+# A command that only prints (a launcher script with a stand-in python, make evaluating a variable): ~0.1 s.
+QUICK_DEADLINE_S = 30
+
+
+def env_for_children() -> dict:
+    # The checkout's `project` and `tests`, whatever directory the processes run in.
+    env = {k: v for k, v in os.environ.items() if k != "PROJECT_RUN_DIR"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def start(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    # A new session, so that a test can signal the launcher's process group (see kill_tree for torchrun's workers).
+    return subprocess.Popen(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=env or env_for_children(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def descendants(pid: int) -> list[int]:
+    ps = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True)
+    table = [int(n) for n in ps.stdout.split()]
+    children: dict[int, list[int]] = {}
+    for child, parent in zip(table[::2], table[1::2]):
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and everything below it. torchrun starts each worker in a session of its own, so killing
+    the launcher's process group alone would leave the workers running (and holding the pipes open)."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def finish_together(
+    procs: list[subprocess.Popen], timeout: float = LAUNCH_DEADLINE_S, grace: float = FAILURE_GRACE_S
+) -> list[tuple[int, str, str]]:
+    """Wait for processes that depend on each other, such as the nodes of one run, and return (code, out, err) each.
+
+    Once one of them has failed, the others get `grace` seconds more: a node whose peer died before the process
+    group formed waits for it until the group's timeout (30 min). Any still running then are killed, and the test
+    fails showing every process's output, so that the first failure is the one on screen.
+    """
+    outputs: list[tuple[str, str]] = [("", "")] * len(procs)
+
+    def collect(i: int) -> None:
+        outputs[i] = procs[i].communicate()
+
+    readers = [threading.Thread(target=collect, args=(i,), daemon=True) for i in range(len(procs))]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    while any(r.is_alive() for r in readers) and time.monotonic() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            deadline = min(deadline, time.monotonic() + grace)
+        time.sleep(0.2)
+    stuck = [i for i, r in enumerate(readers) if r.is_alive()]
+    for i in stuck:
+        kill_tree(procs[i])
+    for reader in readers:
+        reader.join(timeout=QUICK_DEADLINE_S)  # pipes close once the tree is killed
+    results = [(p.returncode, *out) for p, out in zip(procs, outputs)]
+    if stuck:
+        report = "\n\n".join(
+            f"process {i} ({'killed, still running' if i in stuck else f'exit {code}'}): {procs[i].args[:4]}...\n"
+            f"{out[-1500:]}\n{err[-4000:]}"
+            for i, (code, out, err) in enumerate(results)
+        )
+        pytest.fail(f"not finished {timeout} s after the start, or {grace} s after a failure:\n{report}")
+    return results
+
+
+def finish(proc: subprocess.Popen, timeout: float = LAUNCH_DEADLINE_S) -> tuple[int, str, str]:
+    return finish_together([proc], timeout)[0]
+
+
+def group_is_gone(pgid: int, wait: float) -> bool:
+    """True once no process of the group is left (waiting up to `wait` s for exiting ones to be reaped)."""
+    deadline = time.time() + wait
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.time() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+def group_processes(pgid: int) -> str:
+    return subprocess.run(
+        ["ps", "-o", "pid,stat,etime,args", "-g", str(pgid)], capture_output=True, text=True
+    ).stdout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
