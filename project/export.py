@@ -1,8 +1,8 @@
 """`python -m project export --ckpt_path X`: ONNX + torch.export programs, each checked against eager PyTorch.
 
 Writes into <out_dir>: model.onnx (dynamic batch axis), model.pt2 (torch.export; model.ts TorchScript when
-torch.export cannot trace the model; model.onnx then comes from that trace) and preprocessing.json (class names,
-input shape, normalisation).
+torch.export cannot trace the model; model.onnx then comes from that trace) and preprocessing.json (class
+names, input shape, normalisation).
 """
 
 import json
@@ -50,7 +50,7 @@ def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_ba
     (out / "preprocessing.json").write_text(json.dumps(prep.to_json(), indent=2) + "\n")
     # One torch.export trace serves both formats: model.pt2, and the ONNX conversion of the same program.
     program_path, runner, program = _export_program(model, example, out)
-    # When torch.export failed, the ONNX exporter built on it fails too: ONNX then comes from the TorchScript trace.
+    # If torch.export failed, the ONNX exporter (built on it) would too: ONNX then comes from the trace.
     onnx_path = _export_onnx(program if program is not None else runner, example, out / "model.onnx", opset)
     _check("ONNX (onnxruntime)", _onnx_runner(onnx_path), model, inputs)
     _check(program_path.name, runner, model, inputs)
@@ -110,7 +110,9 @@ def _export_program(model: nn.Module, example: Tensor, out: Path):
         return path, torch.export.load(path).module(), program
     except Exception as err:  # noqa: BLE001 - any tracing failure means: fall back
         first = (str(err).strip().splitlines() or [""])[0][:200]  # its full text is pages of hints
-        print(f"torch.export failed ({type(err).__name__}: {first}); falling back to TorchScript.", flush=True)
+        print(
+            f"torch.export failed ({type(err).__name__}: {first}); falling back to TorchScript.", flush=True
+        )
         path = out / "model.ts"
         with torch.no_grad():
             torch.jit.save(torch.jit.trace(model, example), str(path))

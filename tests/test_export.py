@@ -1,5 +1,6 @@
-"""`python -m project export`: ONNX (dynamic batch) and torch.export programs match eager PyTorch; a model that
-torch.export cannot handle falls back to TorchScript, still checked; weights are read with weights_only=True."""
+"""`python -m project export`: ONNX (dynamic batch) and torch.export programs match eager PyTorch; a model
+that torch.export cannot handle falls back to TorchScript, still checked; weights are read with
+weights_only=True."""
 
 import json
 from pathlib import Path
@@ -27,7 +28,7 @@ def _max_diff_lines(out: str) -> list[str]:
 
 
 def _compare_outside(model, onnx_path: Path, run_program) -> None:
-    """The written files, loaded here as a user would, against eager PyTorch on batch sizes export never used."""
+    """The written files, loaded as a user would, against eager PyTorch on batch sizes export never used."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
@@ -90,8 +91,10 @@ def test_export_falls_back_to_torchscript_and_checks_it(run_dir, tmp_path, capsy
     assert run_cli("export", "--ckpt_path", ckpt, "--out_dir", tmp_path / "ok") == 0
     out = capsys.readouterr().out
     assert "falling back to TorchScript" in out
-    assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == ["model.onnx", "model.ts", "preprocessing.json"]
-    lines = _max_diff_lines(out)  # ONNX (converted from the trace) and model.ts, 3 inputs each, real batch included
+    written = sorted(p.name for p in (tmp_path / "ok").iterdir())
+    assert written == ["model.onnx", "model.ts", "preprocessing.json"]
+    # ONNX (converted from the trace) and model.ts, 3 inputs each, a real test batch included
+    lines = _max_diff_lines(out)
     assert sum("model.ts" in ln for ln in lines) == 3 and sum("ONNX" in ln for ln in lines) == 3
     assert sum("test batch" in ln for ln in lines) == 2
     assert all(float(ln.rsplit(" ", 1)[1]) <= TOLERANCE for ln in lines)

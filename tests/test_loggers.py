@@ -2,16 +2,24 @@
 
 import csv
 import glob
+import itertools
 import struct
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from jsonargparse import Namespace
 
 from project.callbacks.log_config import REDACTED, redact
+from project.data import ImageClassificationDataModule
+from project.inference import build_model, load_checkpoint
 from project.loggers import configure_loggers, configure_wandb, wandb_key_configured, wandb_run_id
+from tests.conftest import CONFIGS, read_summary
 from tests.trained_run import FAKE_WANDB_KEY, trained_run
+
+# The shared run trains on the quick debug config: its max_epochs and batch limits.
+DEBUG = yaml.safe_load((CONFIGS / "debug/limit_batches.yaml").read_text())["trainer"]
 
 
 @pytest.fixture(scope="module")
@@ -19,17 +27,20 @@ def run_dir(tmp_path_factory) -> Path:
     return trained_run(tmp_path_factory)
 
 
+@pytest.mark.claim("default-loggers")
 def test_tensorboard_events_hold_val_acc(run_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir)).Reload()
     scalars = acc.Tags()["scalars"]
     assert {"val/acc", "train/loss", "test/acc"} <= set(scalars)
-    assert len(acc.Scalars("val/acc")) == 2  # one per epoch
+    assert (
+        len(acc.Scalars("val/acc")) == read_summary(run_dir)["epochs"] == DEBUG["max_epochs"]
+    )  # one per epoch
     assert "report" in acc.Tags()["images"]
 
 
-@pytest.mark.claim("logged-keys")
+@pytest.mark.claim("logged-keys", "default-loggers")
 def test_csv_and_hparams(run_dir):
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert {  # the README's list of logged keys
@@ -38,8 +49,46 @@ def test_csv_and_hparams(run_dir):
     } <= set(rows[0])  # fmt: skip
     assert any(r.get("val/acc") for r in rows) and any(r.get("test/acc") for r in rows)
     hparams = yaml.full_load((run_dir / "hparams.yaml").read_text())  # has !!python/tuple
-    assert hparams["params"]["total"] == hparams["params"]["trainable"] > 1000
-    assert hparams["config"]["trainer"]["max_epochs"] == 2
+    model = build_model(load_checkpoint(run_dir / "checkpoints/last.ckpt"))
+    assert (
+        hparams["params"]["total"]
+        == hparams["params"]["trainable"]
+        == sum(p.numel() for p in model.parameters())
+    )
+    assert hparams["config"]["trainer"]["max_epochs"] == DEBUG["max_epochs"]
+
+
+@pytest.mark.claim("logged-keys")
+def test_logged_accuracy_values_in_metrics_csv(run_dir):
+    """val/acc_top5, val/acc_best, test/acc_top5 (README, Configuration), recomputed from the checkpoints."""
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    val = [r for r in rows if r.get("val/acc")]
+    (test,) = [r for r in rows if r.get("test/acc")]
+    assert len(val) == DEBUG["max_epochs"]
+    for i, r in enumerate(val):  # the best val/acc so far, epoch by epoch
+        assert float(r["val/acc_best"]) == max(float(v["val/acc"]) for v in val[: i + 1])
+
+    # Recomputed on the batches the run evaluated: the last epoch's validation with last.ckpt (the weights it
+    # validated), the test with the best checkpoint. Each is k / 128 (2 batches of 64): exact in float32.
+    summary = read_summary(run_dir)
+    data = ImageClassificationDataModule(
+        **yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["init_args"]
+    )
+    data.setup("fit")
+    for ckpt, loader, limit, row, split in (
+        (summary["last_checkpoint"], data.val_dataloader(), DEBUG["limit_val_batches"], val[-1], "val"),
+        (summary["best_checkpoint"], data.test_dataloader(), DEBUG["limit_test_batches"], test, "test"),
+    ):
+        module = build_model(load_checkpoint(ckpt))
+        top1 = top5 = n = 0
+        with torch.inference_mode():
+            for x, y in itertools.islice(loader, limit):
+                top = module(x).topk(5, dim=-1).indices
+                top1 += int((top[:, 0] == y).sum())
+                top5 += int((top == y[:, None]).any(dim=-1).sum())
+                n += len(y)
+        assert (float(row[f"{split}/acc"]), float(row[f"{split}/acc_top5"])) == (top1 / n, top5 / n), split
+    assert summary["test_acc_top5"] == float(test["test/acc_top5"])
 
 
 def _wandb_records(path: Path):
@@ -62,6 +111,7 @@ def _wandb_records(path: Path):
             yield record
 
 
+@pytest.mark.claim("wandb-offline-without-key")
 def test_wandb_offline_run_holds_metrics_and_config(run_dir):
     run_id = (run_dir / "wandb_id.txt").read_text().strip()
     (log,) = glob.glob(str(run_dir / f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
@@ -72,15 +122,18 @@ def test_wandb_offline_run_holds_metrics_and_config(run_dir):
         elif r.WhichOneof("record_type") == "config":
             config.update({i.key or "/".join(i.nested_key): i.value_json for i in r.config.update})
     assert {"val/acc", "train/loss", "test/acc"} <= metrics
-    assert '"total"' in config["params"] and '"max_epochs":2' in config["config"].replace(" ", "")
+    assert '"total"' in config["params"]
+    assert f'"max_epochs":{DEBUG["max_epochs"]}' in config["config"].replace(" ", "")
 
 
+@pytest.mark.claim("no-secrets")
 def test_no_secret_in_run_files(run_dir):
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix not in (".ckpt", ".png"):
             assert FAKE_WANDB_KEY.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.claim("no-secrets")
 def test_redact_hides_secret_keys():
     cfg = Namespace(
         logger=[Namespace(class_path="x.NeptuneLogger", init_args=Namespace(api_key="abc", project="p"))]
@@ -90,6 +143,7 @@ def test_redact_hides_secret_keys():
     assert cfg.logger[0].init_args.api_key == "abc"  # the original is untouched
 
 
+@pytest.mark.claim("wandb-offline-without-key", "wandb-resume-same-run")
 def test_wandb_offline_without_key_and_same_id_on_reuse(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)

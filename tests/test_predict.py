@@ -1,19 +1,94 @@
-"""`python -m project predict`: a CSV of class names and probabilities; unreadable files skipped and listed."""
+"""`python -m project predict`: the checkpoint's own preprocessing and predictions, as a CSV; unreadable files
+skipped and listed; weights read with weights_only=True."""
 
 import csv
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
+import yaml
 from PIL import Image
 
+from project.data import ImageClassificationDataModule
 from project.data.digits import load_digits_tensors
+from project.inference import build_model, load_checkpoint
 from tests.conftest import run_cli
+from tests.test_export import trapped_checkpoint
 from tests.trained_run import trained_run
+
+# |CSV probability - the reference softmax|: 5e-7 is the CSV's rounding (6 decimals); 1e-6 covers float32
+# noise between predict's pipeline (torchvision transforms, batches of 64) and the reference's (its own
+# arithmetic, one batch): measured on 2026-12-01, AMD EPYC, with default kernels, ONEDNN_MAX_CPU_ISA=AVX2 and
+# SSE41 and ATEN_CPU_CAPABILITY=default, at most 3.7e-8 for this test's 10-step model and 4.2e-7 for a fully
+# trained default model (sharper logits).
+PROB_TOL = 5e-7 + 1e-6
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     return trained_run(tmp_path_factory)
+
+
+def _test_split(run_dir: Path):
+    """The run's own data module (its config.yaml), and how many test images its test stage saw."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    data = ImageClassificationDataModule(**config["data"]["init_args"])
+    data.setup("test")
+    seen = config["trainer"]["limit_test_batches"] * config["data"]["init_args"]["batch_size"]
+    return data, seen
+
+
+@pytest.mark.claim("predict-preprocessing")
+def test_predict_reproduces_the_test_accuracy(run_dir, tmp_path):
+    """The test split as PNG files: 8x8 'L' and 'RGB' (no resize), 16x16 'L' and 32x32 'RGB' (resized)."""
+    data, seen = _test_split(run_dir)
+    images, labels = data.tensors["test"]
+    images, labels = images[:seen], labels[:seen]  # what the run's test stage (summary.json) measured
+    pixels = (
+        (images[:, 0].numpy() * 255).round().astype(np.uint8)
+    )  # 8-bit PNGs: within 0.5/255 of the originals
+    formats = {"8": (1, "L"), "8rgb": (1, "RGB"), "16": (2, "L"), "32rgb": (4, "RGB")}  # (upscale, mode)
+    for name, (factor, mode) in formats.items():
+        (tmp_path / "in" / name).mkdir(parents=True)
+        for i, p in enumerate(
+            pixels
+        ):  # NEAREST by an integer factor: each pixel becomes a factor x factor block
+            Image.fromarray(np.kron(p, np.ones((factor, factor), np.uint8))).convert(mode).save(
+                tmp_path / "in" / name / f"{i:03d}.png"
+            )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ckpt = summary["best_checkpoint"]  # the checkpoint whose test accuracy summary.json holds
+    out = tmp_path / "pred.csv"
+    assert run_cli("predict", "--ckpt_path", ckpt, "--input", tmp_path / "in", "--output", out) == 0
+    rows = {tuple(Path(r["path"]).parts[-2:]): r for r in csv.DictReader(out.open())}
+    assert len(rows) == len(formats) * seen
+
+    # The reference: decoded here, resized as in training (bilinear, antialiased), normalised with the
+    # training split's statistics from the data module (not from the checkpoint), the module's own forward.
+    module = build_model(load_checkpoint(ckpt))
+    mean = torch.tensor(data.mean).view(1, -1, 1, 1)
+    std = torch.tensor(data.std).view(1, -1, 1, 1)
+    for name, (factor, _) in formats.items():
+        x = torch.from_numpy(np.kron(pixels, np.ones((factor, factor), np.uint8))).float()[:, None] / 255
+        if factor != 1:
+            x = F.interpolate(x, size=(8, 8), mode="bilinear", antialias=True, align_corners=False)
+        with torch.inference_mode():
+            probs = module((x - mean) / std).softmax(dim=-1)
+        p, idx = probs.max(dim=-1)
+        got = [rows[(name, f"{i:03d}.png")] for i in range(seen)]
+        assert [r["class"] for r in got] == [data.class_names[i] for i in idx]
+        assert max(abs(float(r["probability"]) - q) for r, q in zip(got, p.tolist(), strict=True)) <= PROB_TOL
+        if factor == 1:
+            # No resize: the PNGs differ from the float images the test stage saw only by 8-bit rounding
+            # (at most 0.5/255), which changed none of the 360 test predictions, for this test's model and a
+            # fully trained one, with each kernel path named above (measured 2026-12-01).
+            correct = sum(
+                r["class"] == data.class_names[y] for r, y in zip(got, labels.tolist(), strict=True)
+            )
+            assert correct / seen == summary["test_acc"], name
 
 
 @pytest.fixture
@@ -30,6 +105,7 @@ def images(tmp_path):
     return folder
 
 
+@pytest.mark.claim("predict-csv")
 def test_predict_folder(run_dir, images, tmp_path, capsys):
     out = tmp_path / "pred.csv"
     ckpt = run_dir / "checkpoints/last.ckpt"
@@ -47,6 +123,7 @@ def test_predict_folder(run_dir, images, tmp_path, capsys):
     assert "Skipped 2 file(s)" in err and "broken.png" in err and "notes.txt" in err
 
 
+@pytest.mark.claim("predict-csv")
 def test_predict_single_file_default_output(run_dir, images):
     assert (
         run_cli("predict", "--ckpt_path", run_dir / "checkpoints/last.ckpt", "--input", images / "digit0.png")
@@ -63,3 +140,12 @@ def test_predict_errors_name_the_fix(run_dir, tmp_path, capsys):
         run_cli("predict", "--ckpt_path", run_dir / "checkpoints/last.ckpt", "--input", tmp_path / "missing")
         == 2
     )
+
+
+@pytest.mark.claim("safe-loading")
+def test_predict_refuses_pickled_code(run_dir, images, tmp_path, capsys):
+    ckpt, marker = trapped_checkpoint(run_dir / "checkpoints/last.ckpt", tmp_path)
+    assert run_cli("predict", "--ckpt_path", ckpt, "--input", images, "--output", tmp_path / "p.csv") == 2
+    assert not marker.exists()  # the pickled call never ran
+    assert "weights_only=True" in capsys.readouterr().err
+    assert not (tmp_path / "p.csv").exists()

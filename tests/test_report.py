@@ -1,5 +1,6 @@
-"""RunReport: report.png after fit + test shows the run's curves, learning rates, test confusion matrix and most
-confidently wrong test images, rebuilt here from the run's own files; the same image reaches TensorBoard and W&B."""
+"""RunReport: report.png after fit + test shows the run's curves, learning rates, test confusion matrix and
+most confidently wrong test images, rebuilt here from the run's own files; the same image reaches TensorBoard
+and W&B."""
 
 import csv
 import glob
@@ -37,7 +38,8 @@ def _expected(run_dir: Path) -> dict:
         for key in CURVES:
             if row.get(key):
                 epochs.setdefault(int(row["epoch"]), {})[key] = float(row[key])
-    # Learning rates per step: RunReport's record in last.ckpt, checked against LearningRateMonitor's epoch starts.
+    # Learning rates per step: RunReport's record in last.ckpt, checked against LearningRateMonitor's
+    # (one per epoch start).
     lrs_by_step = load_checkpoint(summary["last_checkpoint"])["callbacks"]["RunReport"]["lrs"]
     assert sorted(lrs_by_step) == list(range(summary["global_step"]))
     monitored = [r for r in rows if r.get("lr-AdamW/pg1")]
@@ -45,7 +47,7 @@ def _expected(run_dir: Path) -> dict:
     for row in monitored:
         assert lrs_by_step[int(row["step"])] == [float(row["lr-AdamW/pg1"]), float(row["lr-AdamW/pg2"])]
 
-    # The test stage's predictions: the best checkpoint on the run's test batches, through the module's test_step.
+    # The test stage's predictions: the best checkpoint on the run's test batches, through its test_step.
     data = ImageClassificationDataModule(**config["data"]["init_args"])
     data.setup("test")
     module = build_model(load_checkpoint(summary["best_checkpoint"]))
@@ -57,13 +59,15 @@ def _expected(run_dir: Path) -> dict:
         for i, (x, y) in enumerate(batches):
             conf, pred = module.test_step((x, y), i).softmax(dim=-1).max(dim=-1)
             np.add.at(confusion, (y.numpy(), pred.numpy()), 1)
-            wrong += [(float(conf[j]), x[j], int(pred[j]), int(y[j])) for j in torch.nonzero(pred != y).flatten()]
+            wrong += [
+                (float(conf[j]), x[j], int(pred[j]), int(y[j])) for j in torch.nonzero(pred != y).flatten()
+            ]
     (report,) = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("RunReport")]
     return {
         "epochs": epochs,
         "lrs": [lrs_by_step[s] for s in sorted(lrs_by_step)],
         "confusion": torch.from_numpy(confusion),
-        "wrong": sorted(wrong, key=lambda w: -w[0])[: report["init_args"]["num_wrong"]],  # most confident first
+        "wrong": sorted(wrong, key=lambda w: -w[0])[: report["init_args"]["num_wrong"]],  # most confident 1st
         "class_names": data.class_names,
         "dpi": report["init_args"]["dpi"],
         "test_acc": summary["test_acc"],
@@ -94,7 +98,9 @@ def test_report_shows_the_run(run_dir):
             assert len(points) == json.loads((run_dir / "summary.json").read_text())["epochs"]
             assert list(zip(line.get_xdata(), line.get_ydata(), strict=True)) == points
     assert ax_lr.get_title() == "learning rate per step"
-    assert [list(line.get_ydata()) for line in ax_lr.lines] == [list(s) for s in zip(*exp["lrs"], strict=True)]
+    assert [list(line.get_ydata()) for line in ax_lr.lines] == [
+        list(s) for s in zip(*exp["lrs"], strict=True)
+    ]
 
     ax_cm, ax_wrong = fig.subfigs[1].axes
     cm = exp["confusion"].numpy()
@@ -128,12 +134,14 @@ def test_report_same_image_in_tensorboard_and_wandb(run_dir):
 
 def test_report_works_without_test_results():
     epochs = {0: {"train/loss": 2.0, "val/loss": 1.9}, 1: {"train/loss": 1.5}}
-    assert render(epochs, [[0.1], [0.2]], None, [], None, 50).shape == (500, 750, 3)  # 15 x 10 inches at dpi 50
+    image = render(epochs, [[0.1], [0.2]], None, [], None, 50)
+    assert image.shape == (500, 750, 3)  # 15 x 10 inches at dpi 50
     fig = report_figure(epochs, [[0.1], [0.2]], None, [], None, 50)
     ax_loss, ax_acc, ax_lr = fig.subfigs[0].axes
     lines = {line.get_label(): list(line.get_xdata()) for line in ax_loss.lines}
     assert lines == {"train": [0, 1], "val": [0]}
-    assert _texts(ax_acc) == ["no epochs logged"] and [list(ln.get_ydata()) for ln in ax_lr.lines] == [[0.1, 0.2]]
+    assert _texts(ax_acc) == ["no epochs logged"]
+    assert [list(line.get_ydata()) for line in ax_lr.lines] == [[0.1, 0.2]]
     ax_cm, ax_wrong = fig.subfigs[1].axes
     assert _texts(ax_cm) == ["confusion matrix: after test"] and not ax_cm.images
     assert ax_wrong.get_title() == "no wrong test images"
