@@ -15,11 +15,11 @@ from tests.conftest import REPO
 
 # Deadlines. They tell a hang from a slow run and are no performance bar: a hung collective waits out
 # configs/ddp.yaml's 10-minute timeout (a rendezvous whose peer never came, 30 min), while one launch of these tests
-# took at most ~155 s with this machine's 2 cores (AMD EPYC) shared by 5 other test runs, 2026-12-01.
+# took at most ~155 s on this machine's 2 cores (AMD EPYC) shared with other test runs, load average ~10, 2026-12-01.
 LAUNCH_DEADLINE_S = 300  # start to exit of one launch (all its processes)
 TEST_DEADLINE_S = LAUNCH_DEADLINE_S + 60  # pytest-timeout: the launch plus the in-process work around it
 # Once one process of a run has failed, its partners get this long to exit before they are killed: the failing-rank
-# test sees a whole run gone 5-21 s after one rank raised (same machine, idle to shared 5 ways).
+# test saw a whole run gone 5.6-21 s after one rank raised (same machine, load average 4-13).
 FAILURE_GRACE_S = 30
 # A command that only prints (a launcher script with a stand-in python, make evaluating a variable): ~0.1 s.
 QUICK_DEADLINE_S = 30
