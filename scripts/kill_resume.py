@@ -9,12 +9,12 @@ gives the same schedule), and each kill is checked to have landed where it was a
 
 - train:      mid-epoch, in the middle of an optimizer step (after backward, before the update);
 - validation: in the middle of an epoch-end validation;
-- write:      while a checkpoint is being written (its temporary file exists, not yet renamed).
+- write:      while a checkpoint is being written: bytes are in its temporary file, not yet renamed.
 
 The first two are reached through KillPoint, a callback added to the killed process only: at the chosen point
 it writes where it is to a file and waits, without touching any state or random stream, and this script
-kills it there. A write is caught from outside: when a new checkpoint temporary file appears, the process is
-stopped (SIGSTOP), the file checked to be still there, and the process killed. After the last kill the run
+kills it there. A write is caught from outside: once the aimed write's temporary file holds bytes, the
+process is stopped (SIGSTOP), the file checked to be still there (not yet renamed), and the process killed. After the last kill the run
 is resumed to the end. Passes when the final weights are bit-identical (torch.equal on every tensor) to an
 uninterrupted run, summary.json accuracies match, and every kill landed where it was aimed. Exit code 0 = pass.
 """
@@ -140,14 +140,14 @@ def aim(mode: str, done: int, rng: random.Random) -> dict | None:
     left = (
         sum(1 for s in range(done + 1, total + 1) if s % STEPS_PER_EPOCH) + (total - done) // STEPS_PER_EPOCH
     )
-    # how far into the write: up to a typical save's time (~8 ms for this 0.8 MB checkpoint, README); halved
-    # after each write that finished first
-    target = {
-        "mode": mode,
-        "nth_write": min(rng.randint(1, 4), left),
-        "delay": round(rng.uniform(0, 0.008), 4),
-    }
-    return target if left else None
+    return {"mode": mode, "nth_write": min(rng.randint(1, 4), left)} if left else None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _stopped(pid: int) -> bool:
@@ -173,7 +173,7 @@ def kill_once(cmd: list[str], cwd: Path, run: Path, target: dict, timeout: float
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=_env())
     stale = set((run / "checkpoints").glob(".*.tmp"))  # left by an earlier kill: not a write in progress
     writes_seen: set = set()
-    armed, delay = None, target.get("delay", 0.0)  # (when the aimed write's file appeared, the file)
+    armed: set = set()  # temporary files of the aimed write (and later ones, once it is missed)
     landed = None
     try:
         while proc.poll() is None and landed is None:
@@ -182,22 +182,22 @@ def kill_once(cmd: list[str], cwd: Path, run: Path, target: dict, timeout: float
             if target["mode"] == "write":
                 new = set((run / "checkpoints").glob(".*.tmp")) - stale - writes_seen
                 writes_seen |= new
-                if new and len(writes_seen) >= target["nth_write"] and armed is None:
-                    armed = (time.time(), new)
-                if armed is not None and time.time() - armed[0] >= delay:
+                if new and len(writes_seen) >= target["nth_write"]:
+                    armed |= new
+                # the moment the aimed write has put bytes into its file (torch.save serialises first, then
+                # writes, flushes, fsyncs and renames): a kill before the rename, with data on disk
+                writing = [p for p in armed if _size(p) > 0]
+                if writing:
                     os.kill(proc.pid, signal.SIGSTOP)  # freeze it, then look: is the write still going on?
                     deadline = time.time() + 5
                     while not _stopped(proc.pid) and time.time() < deadline:
                         time.sleep(0.0002)
-                    writing = [p for p in armed[1] if p.exists()]
-                    if writing:
-                        size = writing[0].stat().st_size
-                        after = round(time.time() - armed[0], 4)
-                        landed = {"landed": "write", "file": writing[0].name, "bytes": size, "after_s": after}
+                    if writing[0].exists():
+                        landed = {"landed": "write", "file": writing[0].name, "bytes": _size(writing[0])}
                         proc.send_signal(signal.SIGKILL)
-                    else:  # renamed before the stop took hold: aim at the next write, earlier in it
+                    else:  # renamed before the stop took hold: aim at the next write
                         os.kill(proc.pid, signal.SIGCONT)
-                        armed, delay = None, delay / 2
+                armed = {p for p in armed if p.exists()}
             elif marker.exists():
                 proc.send_signal(signal.SIGKILL)
                 where = json.loads(marker.read_text())
@@ -284,7 +284,7 @@ def describe(kill: dict) -> str:
     where = {
         "train": "mid-epoch, in the step after step {global_step} (epoch {epoch}, batch {batch})",
         "validation": "during validation of epoch {epoch} (batch {batch})",
-        "write": "while writing a checkpoint ({file}, {after_s} s in: {bytes} bytes so far; left behind: {tmp_left})",
+        "write": "while writing a checkpoint ({file}, {bytes} bytes written, not yet renamed; left behind: {tmp_left})",
     }.get(kill["landed"], "{landed}: missed its point")
     r = kill["resumes_from"]
     return (

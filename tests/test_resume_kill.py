@@ -118,6 +118,7 @@ def test_five_kill_9s_in_one_run_end_bit_identical(tmp_path):
             # batch (StepCheckpoint skips the last: the epoch-end save follows validation)
             assert resumed["global_step"] == kill["aimed"]["step"] - 1 and resumed["position"] == STEPS - 1
         else:
-            # died mid-write: its temporary file stays, last.ckpt is the previous (complete) one
-            assert kill["tmp_left"], kill
+            # died with bytes written but not yet renamed: the temporary file stays, and last.ckpt is the
+            # previous, complete one (progress() above loaded it)
+            assert kill["bytes"] > 0 and kill["tmp_left"], kill
     assert result["problems"] == []
