@@ -184,7 +184,8 @@ def test_make_and_torchrun_sh_start_one_process_per_gpu_or_two_without(tmp_path)
 @pytest.mark.claim("ddp-sync-batchnorm")
 def test_sync_batchnorm_is_off_in_ddp_yaml_and_on_cpu_an_error_naming_the_fix(in_tmp, capsys):
     assert yaml.safe_load((CONFIGS / "ddp.yaml").read_text())["trainer"]["sync_batchnorm"] is False
-    # Asking for it on CPU stops before any process starts (SyncBatchNorm is CUDA-only).
+    # Asking for it on CPU stops before training (SyncBatchNorm is CUDA-only). One device: the same check, and
+    # should it ever be missing, no DDP launcher re-runs this pytest command as a second rank.
     code = run_cli(
         "fit",
         "--config",
@@ -192,12 +193,16 @@ def test_sync_batchnorm_is_off_in_ddp_yaml_and_on_cpu_an_error_naming_the_fix(in
         "--config",
         CONFIGS / "ddp.yaml",
         "--trainer.devices",
-        "2",
+        "1",
         "--trainer.accelerator",
         "cpu",
         "--trainer.sync_batchnorm",
         "true",
         *QUIET,
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        "2",
     )
     err = capsys.readouterr().err
     assert code == 2 and "Set --trainer.sync_batchnorm false." in err, err[-2000:]
