@@ -1,5 +1,6 @@
 """One callback per file."""
 
+from project.callbacks.best_checkpoint import BestModelCheckpoint
 from project.callbacks.graceful_stop import GracefulStop
 from project.callbacks.nonfinite_loss import NonFiniteLossGuard
 from project.callbacks.pitfall_guards import PitfallGuards
@@ -10,6 +11,7 @@ from project.callbacks.run_summary import RunSummary
 from project.callbacks.step_checkpoint import StepCheckpoint
 
 __all__ = [
+    "BestModelCheckpoint",
     "RunReport",
     "GracefulStop",
     "NonFiniteLossGuard",

@@ -19,8 +19,12 @@ def write_json_atomic(path: Path, data: dict) -> None:
 class RunSummary(Callback):
     """Keeps the numbers a run is judged by in one small file, `<run dir>/summary.json`.
 
-    Keys: best_val_acc and test_acc (fractions 0-1), best_checkpoint, last_checkpoint, epochs, global_step,
-    seed, train_seconds (wall time of trainer.fit, validation included), plus every test/* metric.
+    Keys: best_val_acc and test_acc (fractions 0-1), best_checkpoint, last_checkpoint, monitor and best_score,
+    epochs, global_step, seed, train_seconds (wall time of trainer.fit, validation included), plus every test/*
+    metric. The selection rule is the checkpoint callback's: `monitor` is its metric (configs/default.yaml:
+    `val/loss`), `best_score` that metric's value at the selected checkpoint, and `best_val_acc` the `val/acc` of
+    that same checkpoint (not the highest `val/acc` of the run). Without a monitored checkpoint callback the
+    final weights are the ones tested: best_val_acc is then the last validation's `val/acc`.
     """
 
     def __init__(self) -> None:
@@ -34,12 +38,20 @@ class RunSummary(Callback):
         self._fit_start = time.perf_counter()
 
     def on_fit_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
-        ckpt = next((c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)), None)
+        ckpt = selecting_checkpoint(trainer)
         score = ckpt.best_model_score if ckpt is not None else None
+        if ckpt is None:
+            best_val_acc = _metric(trainer, "val/acc")
+        elif ckpt.monitor == "val/acc":
+            best_val_acc = float(score) if score is not None else None
+        else:  # BestModelCheckpoint remembers the selected epoch's val/* metrics; a plain ModelCheckpoint does not
+            best_val_acc = getattr(ckpt, "best_model_metrics", {}).get("val/acc")
         self.summary.update(
-            best_val_acc=float(score) if score is not None else _metric(trainer, "val/acc_best"),
+            best_val_acc=best_val_acc,
             best_checkpoint=ckpt.best_model_path if ckpt else "",
-            last_checkpoint=ckpt.last_model_path if ckpt else "",
+            last_checkpoint=last_checkpoint(trainer),
+            monitor=ckpt.monitor if ckpt else None,
+            best_score=float(score) if score is not None else None,
             epochs=trainer.current_epoch,
             global_step=trainer.global_step,
             seed=_seed(),
@@ -60,6 +72,24 @@ class RunSummary(Callback):
         if trainer.is_global_zero and not trainer.sanity_checking:
             self.path(trainer).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.path(trainer), self.summary)
+
+
+def selecting_checkpoint(trainer: "L.Trainer") -> ModelCheckpoint | None:
+    """The ModelCheckpoint that selects the best checkpoint: the first one with a `monitor`."""
+    return next(
+        (c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None
+    )
+
+
+def last_checkpoint(trainer: "L.Trainer") -> str:
+    return next(
+        (
+            c.last_model_path
+            for c in trainer.checkpoint_callbacks
+            if isinstance(c, ModelCheckpoint) and c.last_model_path
+        ),
+        "",
+    )
 
 
 def _metric(trainer: "L.Trainer", key: str) -> float | None:
