@@ -84,7 +84,9 @@ def test_report_shows_the_run(run_dir):
     args = (exp["epochs"], exp["lrs"], exp["confusion"], exp["wrong"], exp["class_names"], exp["dpi"])
     # report.png is, pixel for pixel, the report of this data: drawn from nothing else.
     drawn = np.asarray(Image.open(run_dir / "report.png").convert("RGB"))
-    assert np.array_equal(drawn, render(*args))
+    expected = render(*args)
+    assert drawn.shape == expected.shape
+    assert np.array_equal(drawn, expected), f"{(drawn != expected).any(axis=-1).sum()} pixels differ"
 
     # ...and that report shows what the README lists (read from the figure's axes, not its pixels).
     fig = report_figure(*args)
