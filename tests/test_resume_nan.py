@@ -1,4 +1,4 @@
-"""A NaN loss stops the run with a message naming step, epoch and batch; the last checkpoint stays finite."""
+"""A NaN or inf loss stops the run with a message naming step, epoch and batch; the last checkpoint stays finite."""
 
 import pytest
 import torch
@@ -10,19 +10,22 @@ pytestmark = pytest.mark.slow
 
 
 class NaNAtStep(ClassificationModule):
-    """Returns a NaN loss at one optimizer step, as a diverging run would."""
+    """Returns a NaN (or inf) loss at one optimizer step, as a diverging run would."""
 
-    def __init__(self, *args, nan_at_step: int = 4, **kwargs) -> None:
+    def __init__(self, *args, nan_at_step: int = 4, bad_value: str = "nan", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.nan_at_step = nan_at_step
+        self.bad_value = float(bad_value)
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
-        return loss * float("nan") if self.global_step == self.nan_at_step else loss
+        # The loss is > 0, so times inf it is inf.
+        return loss * self.bad_value if self.global_step == self.nan_at_step else loss
 
 
 @pytest.mark.claim("nan-loss-stops-run")
-def test_nan_loss_stops_with_where_and_keeps_last_good_checkpoint(in_tmp, capsys):
+@pytest.mark.parametrize("bad_value", ["nan", "inf"])
+def test_nan_loss_stops_with_where_and_keeps_last_good_checkpoint(in_tmp, capsys, bad_value):
     code = run_cli(
         "fit",
         *QUIET,
@@ -40,10 +43,13 @@ def test_nan_loss_stops_with_where_and_keeps_last_good_checkpoint(in_tmp, capsys
         "tests.test_resume_nan.NaNAtStep",
         "--model.init_args.nan_at_step",
         "4",
+        "--model.init_args.bad_value",
+        bad_value,
     )
     err = capsys.readouterr().err
     assert code == 2
-    assert "global step 4, epoch 1, batch 1" in err and "detect_anomaly.yaml" in err and "nan" in err
+    assert f"The training loss is {bad_value} at global step 4, epoch 1, batch 1" in " ".join(err.split())
+    assert "detect_anomaly.yaml" in err
     last = torch.load(in_tmp / "r/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 4  # written after step 4 (the last good one), never after the NaN
     assert all(torch.isfinite(t).all() for t in last["state_dict"].values() if t.is_floating_point())

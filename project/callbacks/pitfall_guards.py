@@ -47,6 +47,9 @@ class PitfallGuards(Callback):
                         "trained nor saved. Use nn.ModuleList / nn.ModuleDict instead."
                     )
         self._probabilities_seen = False
+        # One warning per finding: a float64 or wrong-device batch reaches every module on its way; the first
+        # module that receives it (pre-hooks fire outermost first) is the one named.
+        self._input_findings: set[str] = set()
         self._handles = []
         for name, module in pl_module.named_modules():
             name = name or type(module).__name__
@@ -59,12 +62,14 @@ class PitfallGuards(Callback):
             for i, x in enumerate(args):
                 if not isinstance(x, Tensor):
                     continue
-                if x.dtype == torch.float64:
+                if x.dtype == torch.float64 and "float64" not in self._input_findings:
+                    self._input_findings.add("float64")
                     _warn(
                         f"Input {i} of '{name}' ({type(module).__name__}) is float64: twice the memory and a slow "
                         "path. Convert the data to float32 (tensor.float()) in the dataset."
                     )
-                if param is not None and x.device != param.device:
+                if param is not None and x.device != param.device and "device" not in self._input_findings:
+                    self._input_findings.add("device")
                     _warn(
                         f"Input {i} of '{name}' ({type(module).__name__}) is on {x.device} but its parameters are on "
                         f"{param.device}. Create tensors with device=self.device or move the batch before use."

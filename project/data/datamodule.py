@@ -13,7 +13,7 @@ from project.data.in_memory import InMemoryLoader
 from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import ImageTensorDataset, stratified_split
 from project.data.transforms import build_transform, channel_stats
-from project.data.validate import check_images, check_labels, check_split_sizes
+from project.data.validate import check_batch_size, check_images, check_labels, check_split_sizes
 from project.errors import ConfigError
 
 Source = Literal["digits", "imagefolder", "cifar10", "mnist", "fashionmnist"]
@@ -67,6 +67,13 @@ class ImageClassificationDataModule(L.LightningDataModule):
             )
         if batch_size < 1:
             raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}.")
+        for name, fraction in (("val", val_fraction), ("test", test_fraction)):
+            if not 0 <= fraction < 1:  # 1 would hold out every sample and leave the train split empty
+                raise ConfigError(
+                    f"data.{name}_fraction={fraction} is outside [0, 1): it is the share of the data held out for "
+                    f"{name}, and {'1 or more leaves the train split empty' if fraction >= 1 else 'it cannot be negative'}. "
+                    f"Set --data.init_args.{name}_fraction to a value such as 0.1."
+                )
         if source == "digits":
             self.class_names, (c, h, w) = list(digits.CLASSES), digits.INPUT_SHAPE
         elif source == "imagefolder":
@@ -95,6 +102,13 @@ class ImageClassificationDataModule(L.LightningDataModule):
     def in_channels(self) -> int:
         return self.input_shape[0]
 
+    def prepare_data(self) -> None:
+        # Bad data fails before anything is written (README "Bad input": no run directory is left behind).
+        # Lightning creates the loggers' files in the run directory between prepare_data and setup, so the data
+        # is loaded and checked here, on the first process of each node; setup() keeps what it loaded, and the
+        # other processes load theirs in setup() as before.
+        self.setup()
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
@@ -105,7 +119,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
             return
         if hp.source == "digits":
             images, labels = digits.load_digits_tensors()
-            rest, test_idx = stratified_split(labels, hp.test_fraction, hp.split_seed)
+            rest, test_idx = _stratified(labels, hp.test_fraction, hp.split_seed, "test")
             test_images, test_labels = images[test_idx], labels[test_idx]
             images, labels = images[rest], labels[rest]
         else:
@@ -114,7 +128,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         # issue #4: fail before training
         check_labels(labels, self.num_classes, f"The {hp.source} training data")
         check_labels(test_labels, self.num_classes, f"The {hp.source} test data")
-        train_idx, val_idx = stratified_split(labels, hp.val_fraction, hp.split_seed)
+        train_idx, val_idx = _stratified(labels, hp.val_fraction, hp.split_seed, "val")
         self.mean, self.std = channel_stats(images[train_idx])  # statistics of the training split only
         policy = (
             "digits"
@@ -141,6 +155,11 @@ class ImageClassificationDataModule(L.LightningDataModule):
         hp = self.hparams
         sizes = {"train": len(self.train_set), "val": len(self.val_set), "test": len(self.test_set)}
         check_split_sizes(sizes, f"val_fraction={hp.val_fraction}, test_fraction={hp.test_fraction}")
+        # Here too, not only when the loader is built: that comes after the run directory has its first files.
+        check_batch_size(sizes["train"], self._world_size(), hp.batch_size)
+
+    def _world_size(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
 
     def _transforms(self, policy: str):
         size = (self.hparams.image_size,) * 2 if self.hparams.image_size else None
@@ -186,11 +205,8 @@ class ImageClassificationDataModule(L.LightningDataModule):
         if workers is None:
             workers = default_num_workers(dataset, self.trainer.world_size if self.trainer else 1)
         pin = self.hparams.pin_memory if self.hparams.pin_memory is not None else torch.cuda.is_available()
-        if train and len(dataset) < self.hparams.batch_size:
-            raise ConfigError(
-                f"The training split has {len(dataset)} samples, fewer than data.batch_size="
-                f"{self.hparams.batch_size}; with drop_last no batch would remain. Lower --data.init_args.batch_size."
-            )
+        if train:
+            check_batch_size(len(dataset), self._world_size(), self.hparams.batch_size)
         common = dict(
             batch_size=self.hparams.batch_size,
             num_workers=workers,
@@ -241,11 +257,8 @@ class ImageClassificationDataModule(L.LightningDataModule):
         rank, world = (
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
         )
-        if train and len(labels) // world < self.hparams.batch_size:
-            raise ConfigError(
-                f"The training split has {len(labels)} samples ({len(labels) // world} per process), fewer than "
-                f"data.batch_size={self.hparams.batch_size}; no full batch would remain. Lower --data.init_args.batch_size."
-            )
+        if train:
+            check_batch_size(len(labels), world, self.hparams.batch_size)
         # Same seed on every rank (seed_everything exports PL_GLOBAL_SEED to DDP children): disjoint shards.
         seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
         return InMemoryLoader(
@@ -320,19 +333,26 @@ def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
     return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True).clamp_(0, 1)
 
 
+def _stratified(labels, fraction: float, seed: int, name: str) -> tuple[list[int], list[int]]:
+    """stratified_split, with its ValueError (too few samples per class or on one side) as a ConfigError."""
+    try:
+        return stratified_split(labels, fraction, seed)
+    except ValueError as err:
+        raise ConfigError(
+            f"Cannot hold out a stratified {name} split (data.{name}_fraction={fraction}) from {len(labels)} samples: {err} "
+            f"Change --data.init_args.{name}_fraction, or add data."
+        ) from err
+
+
 def _carve(
     labels: list[int], index: list[int], fraction: float, seed: int, name: str
 ) -> tuple[list[int], list[int]]:
     if fraction <= 0:
         raise ConfigError(
-            f"There is no {name} folder and data.{name}_fraction is 0: add the folder or a fraction."
+            f"There is no {name} folder and data.{name}_fraction is 0: add the folder or a fraction "
+            f"(--data.init_args.{name}_fraction)."
         )
-    try:
-        keep, held = stratified_split([labels[i] for i in index], fraction, seed)
-    except ValueError as err:  # too few images per class to stratify
-        raise ConfigError(
-            f"Cannot carve a stratified {name} split ({fraction:.0%}) from the training images: {err}"
-        ) from err
+    keep, held = _stratified([labels[i] for i in index], fraction, seed, name)
     return [index[i] for i in keep], [index[i] for i in held]
 
 

@@ -44,6 +44,16 @@ def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
         )
 
 
+def check_batch_size(n_train: int, world_size: int, batch_size: int) -> None:
+    """Every process needs at least one full training batch (the training loaders drop the last partial one)."""
+    if n_train // world_size < batch_size:
+        per_process = f" ({n_train // world_size} per process)" if world_size > 1 else ""
+        raise ConfigError(
+            f"The training split has {n_train} samples{per_process}, fewer than data.batch_size={batch_size}; no "
+            "full batch would remain. Lower --data.init_args.batch_size."
+        )
+
+
 def check_split_sizes(sizes: dict[str, int], fractions: str) -> None:
     """No split may be empty after the train/val/test carving."""
     empty = [name for name, n in sizes.items() if n == 0]
