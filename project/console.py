@@ -6,6 +6,9 @@
   deleted": the run directory always holds config.yaml and TensorBoard's files next to metrics.csv, so it fired on
   every run, and the only file CSVLogger deletes, an earlier metrics.csv, is kept as metrics.<n>.csv first
   (project/cli.py keep_csv_history).
+- torch's FutureWarning "`isinstance(treespec, LeafSpec)` is deprecated": raised by Lightning's own code
+  (lightning/pytorch/utilities/_pytree.py creates LeafSpec objects) on every fit with torch 2.14; nothing a user of
+  the template can change.
 """
 
 import logging
@@ -21,6 +24,9 @@ class _DropTips(logging.Filter):
 
 def drop_inapplicable_messages() -> None:
     warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
     for name in ("lightning.pytorch", "lightning.fabric"):
         # A record logged by a child logger reaches these loggers' handlers, but not their own filters.
         logger = logging.getLogger(name)

@@ -1,7 +1,22 @@
-"""Shared test helpers: run the CLI in-process inside a temporary working directory."""
+"""Shared test helpers: the CLI in-process in a temporary directory; the README's commands as subprocesses in a
+user checkout, and the session's finished `make train` run."""
 
+import contextlib
+import fcntl
+import functools
 import json
 import os
+import pty
+import re
+import select
+import shlex
+import shutil
+import signal
+import struct
+import subprocess
+import termios
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -58,3 +73,231 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(RUN_DIR_ENV, raising=False)
     return tmp_path
+
+
+# -- The README's commands as a user types them (tests/test_readme.py, and the session's finished run) ---------
+
+# What `make` needs from a clone. A user checkout links these to the repository and has its own runs/.
+CHECKOUT_ENTRIES = ("Makefile", "configs", "project", "pyproject.toml", "scripts", ".venv")
+# A README command's launch may take this long (seconds) before its process group is killed: a hang fails the
+# test instead of blocking the suite. The slowest launch here, `make train-ddp` on 2 CPU processes, took 20-40 s
+# on 2 CPU cores (AMD EPYC, 2026-12-01) while other suites shared them; 5 minutes leaves room for a slower machine.
+LAUNCH_TIMEOUT = 300
+# Every launch of this session: (command, wall seconds, CPU seconds, exit code), listed at the end of the run.
+LAUNCHED: list[tuple[str, float, float, int]] = []
+# Escape sequences a terminal interprets (CSI: colours, cursor moves, erase; OSC: titles and links).
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>78]")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if LAUNCHED:
+        terminalreporter.section("commands launched (wall s, CPU s, exit code)")
+        for command, wall, cpu, code in LAUNCHED:
+            terminalreporter.write_line(f"{wall:7.1f} {cpu:7.1f} {code:4d}  {command[:150]}")
+        walls, cpus = sum(w for _, w, _, _ in LAUNCHED), sum(c for _, _, c, _ in LAUNCHED)
+        terminalreporter.write_line(f"{walls:7.1f} {cpus:7.1f}       in all ({len(LAUNCHED)} commands)")
+
+
+def user_checkout(path: Path) -> Path:
+    """`path` made to look like a fresh clone to `make`: the repository's files linked in, runs/ its own.
+
+    The README's commands run there exactly as typed, relative paths included (runs/, images/, data/mine, the
+    my_models.py next to the Makefile), and nothing is written into the repository.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    for name in CHECKOUT_ENTRIES:
+        if (REPO / name).exists() and not (path / name).exists():
+            (path / name).symlink_to(REPO / name)
+    _check_make_environment(path)
+    return path
+
+
+@functools.cache
+def _check_make_environment(checkout: Path) -> None:
+    # `make train` first (re)installs the environment when pyproject.toml or the constraints are newer than it
+    # (`make test` does that before pytest starts). Under a bare `pytest` that would be a pip install, offline
+    # here, in the middle of a test: say so instead.
+    plan = subprocess.run(["make", "-n", "train"], cwd=checkout, capture_output=True, text=True)
+    lines = plan.stdout.strip().splitlines()
+    if plan.returncode != 0 or len(lines) != 1 or " -m project fit " not in lines[0]:
+        pytest.fail(
+            "`make train` would first (re)install the environment (pyproject.toml or scripts/constraints.txt is "
+            f"newer than it):\n{plan.stdout}{plan.stderr}\nRun `make install` (or the tests through `make test`)."
+        )
+
+
+@dataclass
+class Launch:
+    """One command run as its own process: what ran, where, how it ended and what it printed."""
+
+    argv: list[str]
+    cwd: Path
+    returncode: int
+    stdout: str  # under a terminal (pty): everything the terminal received, escape sequences removed
+    stderr: str  # under a terminal: empty (one stream)
+    seconds: float  # wall clock
+    cpu_seconds: float  # user + system of the process and the children it waited for (DDP ranks included)
+    raw: str = ""  # under a terminal: the bytes as received, escape sequences included
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def lines(self, stream: str = "stdout") -> list[str]:
+        """Non-empty lines; a terminal's carriage-return redraws count as line ends."""
+        return [line.rstrip() for line in re.split(r"[\r\n]+", getattr(self, stream)) if line.strip()]
+
+    def runs(self) -> list[Path]:
+        """The run directories under this launch's runs/."""
+        runs = self.cwd / "runs"
+        return sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+
+    def __str__(self) -> str:  # for assertion messages
+        tail = "\n".join(self.output.splitlines()[-40:])
+        return (
+            f"`{self.command}` in {self.cwd}: exit {self.returncode} after {self.seconds:.1f} s "
+            f"({self.cpu_seconds:.1f} CPU s)\n{tail}"
+        )
+
+
+def launch(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str | None] | None = None,
+    terminal: bool = False,
+    timeout: float = LAUNCH_TIMEOUT,
+) -> Launch:
+    """Run argv in cwd in a process group of its own (killed whole, children included, at the timeout).
+
+    terminal=False: stdin from /dev/null, stdout and stderr to pipes (CI, nohup, `| tee`).
+    terminal=True: stdin, stdout and stderr on a pseudo-terminal of 120 x 40 (someone typing the command).
+    env: variables to set on top of this process's environment (None: remove the variable).
+    """
+    environ = dict(os.environ)
+    environ.pop(RUN_DIR_ENV, None)
+    for key, value in (env or {}).items():
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = value
+    start = time.monotonic()
+    if terminal:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        streams = {"out": master}
+        std = {"stdin": slave, "stdout": slave, "stderr": slave}
+    else:
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        streams = {"out": out_r, "err": err_r}
+        std = {"stdin": subprocess.DEVNULL, "stdout": out_w, "stderr": err_w}
+    proc = subprocess.Popen(argv, cwd=cwd, env=environ, start_new_session=True, **std)
+    for fd in {std["stdout"], std["stderr"]}:
+        os.close(
+            fd
+        )  # ours: only the process's copies remain, so reading ends when it (and its children) exit
+    received = {name: bytearray() for name in streams}
+    open_fds = {fd: name for name, fd in streams.items()}
+    while open_fds and time.monotonic() - start < timeout:
+        ready, _, _ = select.select(list(open_fds), [], [], 1.0)
+        for fd in ready:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # EIO: the last process holding the terminal has exited
+                data = b""
+            if data:
+                received[open_fds[fd]] += data
+            else:
+                os.close(fd)
+                del open_fds[fd]
+    for fd in open_fds:
+        os.close(fd)
+    code, cpu = _wait(proc, start + timeout)
+    out, err = (received.get(name, b"").decode(errors="replace") for name in ("out", "err"))
+    if time.monotonic() - start >= timeout:
+        err += f"\n[test] killed after {timeout} s"
+    wall = time.monotonic() - start
+    LAUNCHED.append((shlex.join(argv), wall, cpu, code))
+    if terminal:
+        return Launch(argv, cwd, code, ANSI.sub("", out), err, wall, cpu, out)
+    return Launch(argv, cwd, code, out, err, wall, cpu)
+
+
+def _wait(proc: subprocess.Popen, deadline: float) -> tuple[int, float]:
+    """Exit code and CPU seconds (user + system, children it waited for included) of proc; killed at deadline."""
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() >= deadline:
+            _kill_group(proc)
+            pid, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.05)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    with contextlib.suppress(ProcessLookupError):  # whatever it left behind in its group goes too
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def make_argv(command: str, *args: str) -> list[str]:
+    """The argv of a README `make ...` line, with `args` appended to its ARGS="..." (or as a new ARGS)."""
+    argv = shlex.split(command)
+    assert argv[0] == "make", command
+    if args:
+        extra = " ".join(args)
+        at = next((i for i, token in enumerate(argv) if token.startswith("ARGS=")), None)
+        if at is None:
+            argv.append(f"ARGS={extra}")
+        else:
+            argv[at] = f"{argv[at]} {extra}"
+    return argv
+
+
+@dataclass
+class FinishedRun:
+    """A run that `make train` finished: where it ran, its run directory, and the launch (what it printed)."""
+
+    checkout: Path
+    dir: Path  # <checkout>/runs/<time>
+    launch: Launch
+
+    @property
+    def name(self) -> str:
+        """runs/<time>, as `make train` printed it and as the README's runs/<run>/... paths spell it."""
+        return f"runs/{self.dir.name}"
+
+    def copy_to(self, checkout: Path) -> Path:
+        """A copy of the run directory under another checkout's runs/, same name; returns it."""
+        copy = checkout / "runs" / self.dir.name
+        shutil.copytree(self.dir, copy)
+        return copy
+
+
+# The session's finished run: the README's first command, shortened to 2 epochs through ARGS.
+FINISHED_RUN_COMMAND = 'make train ARGS="--trainer.max_epochs 2"'
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
+    """`make train ARGS="--trainer.max_epochs 2"`, typed once per test session in a fresh checkout.
+
+    The default configs, nothing removed: Rich progress bar, model summary, TensorBoard + CSV logs, report.png,
+    summary.json, both checkpoints and every callback of configs/default.yaml, on the embedded digits data.
+    For tests that only read a finished run: its files, its checkpoints, what `make train` printed
+    (`finished_run.launch.stdout`). Do not write into it, other tests read it after yours: a tool that writes
+    next to a run (predict, export, `python -m project test`) runs on `finished_run.copy_to(user_checkout(tmp))`.
+    """
+    checkout = user_checkout(tmp_path_factory.mktemp("finished-run"))
+    result = launch(make_argv(FINISHED_RUN_COMMAND), checkout)
+    runs = result.runs()
+    assert result.returncode == 0 and len(runs) == 1, f"the session's `make train` failed:\n{result}"
+    return FinishedRun(checkout, runs[0], result)

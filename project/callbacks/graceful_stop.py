@@ -7,7 +7,10 @@ import threading
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from project.distributed import env_rank
 
 
 class GracefulStop(Callback):
@@ -19,6 +22,8 @@ class GracefulStop(Callback):
     Lightning's own SIGTERM handler is replaced during fit: it would abort validation half-way and exit 0.
     SLURM's requeue signal (SIGUSR1 with SLURMEnvironment(auto_requeue=True)) stays with Lightning, which
     saves hpc_ckpt_<n>.ckpt into the run directory and requeues the job.
+    Under DDP every rank stops at the same step, whichever ranks the signal reached (see `_agreed_signal`), and
+    rank 0 alone prints.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -46,23 +51,49 @@ class GracefulStop(Callback):
             self._restore()
             raise KeyboardInterrupt  # second Ctrl+C: stop now
         self._received = signum
-        print(
-            f"\nReceived {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting.",
-            file=sys.stderr,
-            flush=True,
-        )
+        if env_rank() == 0:
+            print(
+                f"\nReceived {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting.",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def on_train_batch_end(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
     ) -> None:
-        if self._received is None or batch_idx + 1 >= trainer.num_training_batches:
+        if batch_idx + 1 >= trainer.num_training_batches:
             return  # on an epoch's last batch, wait for the next epoch's first (see StepCheckpoint)
-        signum, self._received = self._received, None
+        signum = self._agreed_signal(trainer)
+        if not signum:
+            return
+        self._received = None
         path = last_checkpoint_path(trainer)
-        trainer.save_checkpoint(path)
-        print(f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).", file=sys.stderr, flush=True)
+        trainer.save_checkpoint(path)  # collective under DDP: every rank is here at this step
+        if trainer.is_global_zero:
+            print(
+                f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).",
+                file=sys.stderr,
+                flush=True,
+            )
         self._restore()  # the exception path skips the teardown hook
         raise SystemExit(128 + signum)  # 143 for SIGTERM, 130 for SIGINT: schedulers see a non-success
+
+    def _agreed_signal(self, trainer: "L.Trainer") -> int:
+        """The signal number that every rank stops for after this step; 0 to go on.
+
+        A signal reaches the processes of a DDP run one by one (Lightning forwards it from rank 0 to the others,
+        a scheduler signals each task), or only one of them (`kill <pid>`), so each rank's own flag may say "stop"
+        one step earlier or later than another's, or never. Saving is collective: a rank that entered
+        save_checkpoint alone waited there while the others trained on, until the 10-minute collective timeout
+        (seen with SIGTERM sent to rank 1 of `make train-ddp`). So the ranks agree on every step, taking the
+        highest signal number any of them received: one all-reduce of a scalar per step, only when there are
+        several processes.
+        """
+        received = self._received or 0
+        if trainer.world_size > 1:
+            flag = torch.tensor([received], device=trainer.strategy.root_device)
+            received = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        return received
 
     def on_exception(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", exception: BaseException

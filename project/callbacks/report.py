@@ -80,8 +80,11 @@ class RunReport(Callback):
         self.wrong = sorted(self.wrong, key=lambda w: -w[0])[: self.num_wrong]
 
     def on_test_end(self, trainer, pl_module) -> None:
-        if self.confusion is not None and self.confusion.update_called:
-            self.matrix = self.confusion.compute().cpu()  # on every rank: the DDP sync needs them all
+        # compute() is collective under DDP (it gathers every rank's counts): every rank calls it, also one whose
+        # shard of the test set was empty, or the others would wait for it until the collective timeout. In one
+        # process a matrix that was never fed means no test batch ran: nothing to draw.
+        if self.confusion is not None and (self.confusion.update_called or trainer.world_size > 1):
+            self.matrix = self.confusion.compute().cpu()
         self._draw(trainer)
 
     # Saved in checkpoints, so that a resumed fit, or `python -m project test` alone, still draws the curves.

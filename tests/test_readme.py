@@ -1,0 +1,659 @@
+"""The README's commands, typed as a user types them, each as its own process in a fresh checkout.
+
+`make train`, `make train-ddp`, `make resume`, `make predict`, `make export`, `make doctor`, `make help`, the data
+and model flags and the recipes run with the default configs: Rich progress bar, model summary, TensorBoard + CSV,
+report, summary and every callback of configs/default.yaml stay on. Only epochs and batch limits shrink, appended
+to the command's ARGS. (The bar is what crashed `make train-ddp` on rank 1 while every in-process test passed
+with --trainer.enable_progress_bar false.)
+
+The commands are read from README.md: every line of its ```bash blocks is in COMMANDS below, with the test that
+runs it or the reason it is not run here, and each test looks its command up by its exact text. A command
+changed in the README fails here until its test changes with it.
+
+The launches are independent processes. They start together when the first test of this file needs them, at
+most as many at a time as there are CPUs (a launch is mostly single-threaded start-up: importing torch and
+lightning), and each test reads its own launch's result.
+"""
+
+import csv
+import glob
+import json
+import os
+import re
+import shlex
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import (
+    FINISHED_RUN_COMMAND,
+    LAUNCH_TIMEOUT,
+    REPO,
+    FinishedRun,
+    Launch,
+    launch,
+    make_argv,
+    user_checkout,
+)
+
+# A guard for this process only: every launch has its own timeout (LAUNCH_TIMEOUT), and a test waits at most for
+# the launches queued before its own.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(4 * LAUNCH_TIMEOUT)]
+
+README = REPO / "README.md"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+
+
+def readme_blocks(language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(README.read_text()) if lang == language]
+
+
+def _without_comment(line: str) -> str:
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def readme_commands() -> list[str]:
+    """Every command line of the README's ```bash blocks: continuations joined, comments and spacing dropped."""
+    commands = []
+    for body in readme_blocks("bash"):
+        for line in re.sub(r"\\\n\s*", " ", body).splitlines():
+            if command := " ".join(_without_comment(line).split()):
+                commands.append(command)
+    return commands
+
+
+def readme_command(text: str) -> str:
+    """`text`, after checking that the README shows exactly this command."""
+    assert text in readme_commands(), f"README.md no longer shows `{text}`: update its test in {__file__}"
+    return text
+
+
+# -- Every README command: the test here that runs it, or why it runs elsewhere or not at all ------------------
+
+IMAGEFOLDER = (
+    'make train ARGS="--data.init_args.source imagefolder --data.init_args.root /data/pets '
+    '--data.init_args.image_size 64"'
+)
+CIFAR10 = 'make train ARGS="--data.init_args.source cifar10 --data.init_args.root data --data.init_args.download true"'
+EVALUATE = "python -m project test --config configs/default.yaml --ckpt_path runs/<run>/checkpoints/last.ckpt"
+TORCHRUN = "scripts/torchrun.sh --nnodes 2 --node_rank {} --master_addr <node0> --run_id exp1 -- --trainer.max_epochs 5"
+PRESET = 'make train ARGS="--config configs/debug/profiler.yaml --config configs/debug/limit_batches.yaml"'
+FINETUNE = (
+    'make train ARGS="--config configs/finetune.yaml --model.init_args.model.init_args.name resnet18 '
+    '--data.init_args.source imagefolder --data.init_args.root data/mine --data.init_args.image_size 224"'
+)
+COMMANDS = {
+    "make train": "test_make_train (the session's finished_run, 2 epochs)",
+    "make test": "not run here: it is this test suite (CI runs it: bash .ci/run)",
+    'make train ARGS="--config mine.yaml"': "test_own_model",
+    IMAGEFOLDER: "test_imagefolder",
+    CIFAR10: "test_cifar10_download_needs_network",
+    EVALUATE: "not run here: tests/test_cli.py runs the same `python -m project test` arguments in-process",
+    "make train-ddp": "test_train_ddp_in_a_terminal",
+    'make train-ddp NPROC=4 ARGS="--trainer.max_epochs 5"': "test_make_help (with make -n: 4 processes do not fit "
+    "2 cores; NPROC=2 runs in test_train_ddp_in_a_terminal)",
+    'make train-ddp ARGS="--model.init_args.lr_scaling linear"': "test_train_ddp_piped_with_term_dumb",
+    TORCHRUN.format(0): "not run here: two machines (tests/test_ddp.py runs two torchrun.sh nodes on one)",
+    TORCHRUN.format(1): "not run here: two machines (tests/test_ddp.py runs two torchrun.sh nodes on one)",
+    "make resume": "test_resume",
+    'make train ARGS="--ckpt_path runs/<run>/checkpoints/last.ckpt"': "not run here: `make resume` passes "
+    "--ckpt_path through ARGS the same way; tests/test_resume.py resumes from that path in-process",
+    'make train ARGS="--checkpoint_every_n_steps 50"': "not run here: 50 steps are 2.5 full epochs; "
+    "--checkpoint_every_n_steps is tested in tests/test_resume.py",
+    'make train ARGS="--config configs/logger/wandb.yaml"': "test_wandb_without_a_key_logs_offline",
+    "make train && xdg-open runs/<run>/report.png": "test_report (xdg-open is not run: no display)",
+    "make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/": "test_predict",
+    "make export CKPT=runs/<run>/checkpoints/last.ckpt": "test_export",
+    "make doctor": "test_doctor",
+    PRESET: "test_debug_preset",
+    FINETUNE: "test_finetune_offline_says_where_the_weights_go, test_finetune_from_a_local_file",
+}
+
+# Only epochs and batch limits shrink (appended to ARGS).
+ONE_EPOCH = ("--trainer.max_epochs 1",)
+FEW_BATCHES = (
+    "--trainer.limit_train_batches 4",
+    "--trainer.limit_val_batches 2",
+    "--trainer.limit_test_batches 2",
+)
+# No network, whatever the machine: downloads fail at once (the discard port of this host) instead of fetching.
+OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
+OFFLINE |= {k.upper(): v for k, v in OFFLINE.items()}
+
+
+@pytest.mark.claim("readme-commands-tested")
+def test_every_readme_command_is_run_or_accounted_for():
+    commands = readme_commands()
+    assert commands, "no ```bash block found in README.md"
+    new = [c for c in commands if c not in COMMANDS]
+    gone = [c for c in COMMANDS if c not in commands]
+    assert not new, (
+        f"README commands with no test here: {new}. Add each to COMMANDS with the test that runs it."
+    )
+    assert not gone, f"COMMANDS lists commands the README no longer shows: {gone}"
+    for command, where in COMMANDS.items():
+        assert where.startswith(("test_", "not run here: ")), f"{command}: {where}"
+        names = re.findall(r"\btest_\w+", where.split("(")[0]) if where.startswith("test_") else []
+        assert all(name in globals() for name in names), f"{command}: no test {names} in this file"
+
+
+# -- The launches ------------------------------------------------------------------------------------------------
+
+
+def needs(*names: str):
+    """Mark a test with the launches it reads (the module's fixture starts those of the selected tests)."""
+
+    def mark(test):
+        test.launches = names
+        return test
+
+    return mark
+
+
+def written(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def write_images(root: Path, per_class: int = 50) -> Path:
+    """root/train/{cat,dog}/*.png: 8x8 RGB, dark cats and bright dogs. 100 images: 30% go to val and test, and
+    the 70 left fill one training batch of the default 64 (a smaller training split is an error)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(("cat", "dog")):
+        folder = root / "train" / name
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 80, (8, 8, 3)) + 150 * label
+            Image.fromarray(pixels.astype("uint8")).save(folder / f"{i}.png")
+    return root
+
+
+# Several commands run at once here, on as few as 2 cores: a single-process command gets one intra-op thread, so
+# that 3 processes do not spin 6 threads on 2 cores (the session's `make train`: 31.5 CPU s with 2 threads, 17.4
+# with 1, on this machine shared with other suites: AMD EPYC, 2 cores, 2026-12-01). The DDP
+# commands run as a user's shell starts them, without OMP_NUM_THREADS, so that their default split of the cores
+# between the processes is what runs.
+USER_THREADS = {"OMP_NUM_THREADS": None}
+
+
+def launch_single(argv: list[str], checkout: Path, env: dict | None = None) -> Launch:
+    return launch(argv, checkout, env={"OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def launch_ddp_terminal(checkout: Path) -> Launch:
+    # Someone typing the command: a terminal (the bar redraws live on rank 0), TERM of a colour terminal.
+    argv = make_argv(readme_command("make train-ddp"), *ONE_EPOCH, *FEW_BATCHES)
+    return launch(argv, checkout, env={"TERM": "xterm-256color", **USER_THREADS}, terminal=True)
+
+
+def launch_ddp_piped(checkout: Path) -> Launch:
+    # CI, nohup or `| tee`: no terminal, and TERM=dumb as many CI runners set it.
+    command = readme_command('make train-ddp ARGS="--model.init_args.lr_scaling linear"')
+    return launch(
+        make_argv(command, *ONE_EPOCH, *FEW_BATCHES), checkout, env={"TERM": "dumb", **USER_THREADS}
+    )
+
+
+def launch_preset_then_resume(checkout: Path) -> list[tuple[Launch, dict]]:
+    """The debug preset (2 epochs x 5 batches), then `make resume` to epoch 3: each launch with the summary.json
+    it left (the resume rewrites it). No resume after a failed preset."""
+    limits = (
+        "--trainer.limit_train_batches 5",
+        "--trainer.limit_val_batches 2",
+        "--trainer.limit_test_batches 2",
+    )
+    done = []
+    for argv in (
+        make_argv(readme_command(PRESET)),
+        make_argv(readme_command("make resume"), "--trainer.max_epochs 3", *limits),
+    ):
+        result = launch_single(argv, checkout)
+        runs = result.runs()
+        done.append((result, summary_of(runs[0]) if result.returncode == 0 and len(runs) == 1 else {}))
+        if not done[-1][1]:
+            break
+    return done
+
+
+def launch_own_model(checkout: Path) -> Launch:
+    # my_models.py and mine.yaml exactly as the README shows them, next to the Makefile.
+    for body in readme_blocks("python") + readme_blocks("yaml"):
+        first = body.splitlines()[0]
+        if first in ("# my_models.py", "# mine.yaml"):
+            written(checkout / first[2:], body)
+    return launch_single(
+        make_argv(readme_command('make train ARGS="--config mine.yaml"'), *ONE_EPOCH), checkout
+    )
+
+
+def launch_imagefolder(checkout: Path) -> Launch:
+    pets = write_images(checkout / "pets")
+    command = readme_command(IMAGEFOLDER).replace("/data/pets", str(pets))
+    return launch_single(make_argv(command, *ONE_EPOCH), checkout)
+
+
+def launch_cifar10_offline(checkout: Path) -> Launch:
+    return launch_single(make_argv(readme_command(CIFAR10)), checkout, env=OFFLINE)
+
+
+def launch_wandb_without_key(checkout: Path) -> Launch:
+    # A user who never ran `wandb login`: no key in the environment or ~/.netrc, no WANDB_MODE.
+    home = checkout / "wandb-home"
+    env = {"WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": str(home / "netrc"), **OFFLINE}
+    env |= {var: str(home) for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_DIR")}
+    command = readme_command('make train ARGS="--config configs/logger/wandb.yaml"')
+    return launch_single(make_argv(command, *ONE_EPOCH), checkout, env=env)
+
+
+def launch_finetune_offline(checkout: Path) -> Launch:
+    # As typed (weights: DEFAULT), offline, with an empty torchvision cache.
+    write_images(checkout / "data/mine")
+    env = {"TORCH_HOME": str(checkout / "torch-home"), **OFFLINE}
+    return launch_single(make_argv(readme_command(FINETUNE)), checkout, env=env)
+
+
+def launch_finetune_local(checkout: Path) -> Launch:
+    import torchvision
+
+    write_images(checkout / "data/mine")
+    weights = checkout / "resnet18.pth"  # random "pretrained" weights: what matters is that they are loaded
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18().state_dict(), weights)
+    local = f"--model.init_args.model.init_args.weights {weights}"
+    batches = (
+        "--trainer.limit_train_batches 1",
+        "--trainer.limit_val_batches 1",
+        "--trainer.limit_test_batches 1",
+    )
+    argv = make_argv(readme_command(FINETUNE), local, *ONE_EPOCH, *batches)
+    return launch_single(argv, checkout, env={"TORCH_HOME": str(checkout / "torch-home"), **OFFLINE})
+
+
+def launch_predict(checkout: Path, run: str) -> Launch:
+    from PIL import Image
+
+    from project.data.digits import load_digits_tensors
+
+    images, _ = load_digits_tensors()  # three real digits, and a file that is not an image
+    written(checkout / "images/notes.txt", "not an image\n")
+    for i in range(3):
+        Image.fromarray((images[i, 0] * 255).round().byte().numpy()).save(checkout / f"images/{i}.png")
+    command = readme_command("make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/")
+    return launch_single(make_argv(command.replace("<run>", run)), checkout)
+
+
+def launch_export(checkout: Path, run: str) -> Launch:
+    command = readme_command("make export CKPT=runs/<run>/checkpoints/last.ckpt")
+    return launch_single(make_argv(command.replace("<run>", run)), checkout)
+
+
+def launch_doctor(checkout: Path) -> Launch:
+    return launch_single(make_argv(readme_command("make doctor")), checkout)
+
+
+def launch_help(checkout: Path) -> list[Launch]:
+    nproc4 = make_argv(readme_command('make train-ddp NPROC=4 ARGS="--trainer.max_epochs 5"'))
+    return [
+        launch_single(["make", "help"], checkout),
+        launch_single([nproc4[0], "-n", *nproc4[1:]], checkout),
+    ]
+
+
+# name -> (what starts it, whether it runs on a copy of the session's finished run). Listed longest first.
+LAUNCHES = {
+    "preset_then_resume": (launch_preset_then_resume, False),
+    "ddp_terminal": (launch_ddp_terminal, False),
+    "ddp_piped": (launch_ddp_piped, False),
+    "finetune_local": (launch_finetune_local, False),
+    "wandb": (launch_wandb_without_key, False),
+    "imagefolder": (launch_imagefolder, False),
+    "own_model": (launch_own_model, False),
+    "finetune_offline": (launch_finetune_offline, False),
+    "cifar10_offline": (launch_cifar10_offline, False),
+    "help": (launch_help, False),
+    "export": (launch_export, True),
+    "predict": (launch_predict, True),
+    "doctor": (launch_doctor, False),
+}
+
+
+class Launched:
+    """The launches of the selected tests, started at once; `launched["name"]` waits for one."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="readme")
+        self.futures: dict[str, Future] = {}
+        self.tools: Path | None = None  # the checkout holding a copy of the finished run
+
+    @property
+    def tools_run(self) -> Path:
+        """The copy of the finished run that predict and export work on."""
+        (run,) = (self.tools / "runs").iterdir()
+        return run
+
+    def __getitem__(self, name: str):
+        return self.futures[name].result()
+
+
+@pytest.fixture(scope="module")
+def launched(request, tmp_path_factory) -> Launched:
+    wanted = set()
+    for item in request.session.items:
+        if item.module is request.module:
+            wanted |= set(getattr(item.function, "launches", ()))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    result = Launched(workers=max(2, cpus))
+    try:
+        for name, (start, on_copy) in LAUNCHES.items():
+            if name in wanted and not on_copy:
+                checkout = user_checkout(tmp_path_factory.mktemp(name))
+                result.futures[name] = result.pool.submit(start, checkout)
+        if any(LAUNCHES[name][1] for name in wanted):
+            # This process runs the session's `make train` meanwhile (unless an earlier test already needed it).
+            run: FinishedRun = request.getfixturevalue("finished_run")
+            result.tools = user_checkout(tmp_path_factory.mktemp("tools"))
+            run.copy_to(result.tools)
+            for name, (start, on_copy) in LAUNCHES.items():
+                if name in wanted and on_copy:
+                    result.futures[name] = result.pool.submit(start, result.tools, run.dir.name)
+        yield result
+    finally:
+        result.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def check_run(result: Launch) -> Path:
+    """A training launch that worked: exit 0, one run directory, printed as the last line, no traceback."""
+    assert result.returncode == 0, result
+    runs = result.runs()
+    assert len(runs) == 1, f"expected one run directory, found {runs}\n{result}"
+    assert "Traceback" not in result.output, result
+    assert result.lines()[-1] == f"Run directory: runs/{runs[0].name}", result
+    return runs[0]
+
+
+def ddp_line(peak_lr: float) -> str:
+    # Per-device batch 64 (configs/default.yaml) x 2 processes; lr 0.003, times 2 with lr_scaling linear.
+    return (
+        "DDPStrategy: world size 2 = 2 per node x 1 node, CPU processes with gloo (no GPU in use). "
+        f"Per-device batch 64, effective global batch 128. Peak lr {peak_lr:g}."
+    )
+
+
+def check_ddp(result: Launch, peak_lr: float) -> Path:
+    run = check_run(result)
+    summary = summary_of(run)
+    assert (summary["epochs"], summary["global_step"]) == (1, 4), summary  # 1 epoch x limit_train_batches 4
+    assert 0.0 <= summary["test_acc"] <= 1.0 and summary["best_checkpoint"], summary
+    # Rank 0 speaks for the run: the world line, the summary table and the run directory once each, and rank 1,
+    # which had no warning or error to report, prints nothing (what it prints carries "[rank 1]").
+    assert [line for line in result.lines() if "world size" in line] == [ddp_line(peak_lr)], result
+    assert result.output.count("Run summary") == 1 and result.output.count("Run directory:") == 1, result
+    assert not re.search(r"rank\W{0,2}1\b", result.output, re.I), (
+        result
+    )  # [rank 1], [rank: 1], GLOBAL_RANK: 1
+    return run
+
+
+# -- make train and the files it leaves --------------------------------------------------------------------------
+
+
+@pytest.mark.claim("train-prints-run-dir", "run-dir-layout", "summary-keys", "make-help-lists-targets")
+def test_make_train(finished_run: FinishedRun):
+    result = finished_run.launch
+    run = check_run(result)
+    assert run == finished_run.dir
+    # make prints the command it runs, then the run prints its progress bar, its summary table and the run dir.
+    args = shlex.split(FINISHED_RUN_COMMAND)[2].removeprefix("ARGS=")
+    assert result.lines()[0] == f".venv/bin/python -m project fit --config configs/default.yaml {args}", (
+        result
+    )
+    bars = re.findall(r"^Epoch 1/1\b.*━.* (\d+)/(\d+) ", result.stdout, re.M)  # the bar's last state
+    assert bars and bars[-1][0] == bars[-1][1], result
+    lines = result.lines()
+    table = lines[max(i for i, line in enumerate(lines) if "Run summary" in line) : -1]
+    assert any("test_acc " in line for line in table) and any("best_checkpoint" in line for line in table), (
+        result
+    )
+    # The run directory as the README lists it.
+    names = {str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()}
+    expected = {
+        "config.yaml",
+        "checkpoints/last.ckpt",
+        "hparams.yaml",
+        "metrics.csv",
+        "report.png",
+        "summary.json",
+    }
+    assert expected <= names, names
+    assert any(re.fullmatch(r"checkpoints/best-epoch=\d{3}\.ckpt", n) for n in names), names
+    assert any(n.startswith("events.out.tfevents.") for n in names), names
+    summary = summary_of(run)
+    keys = "best_val_acc test_acc test_loss test_acc_top5 best_checkpoint last_checkpoint epochs global_step seed"
+    assert set(keys.split()) | {"train_seconds"} <= set(summary), summary
+    assert (summary["epochs"], summary["seed"]) == (2, 0), summary
+    # Nothing the user cannot act on: the library deprecation notices project/console.py drops stay dropped.
+    assert "deprecated" not in result.stderr, result.stderr
+
+
+@pytest.mark.claim("run-report")
+def test_report(finished_run: FinishedRun):
+    from PIL import Image
+
+    with Image.open(finished_run.dir / "report.png") as image:
+        image.load()
+        # RunReport's defaults: a 15 x 10 inch figure at dpi 80.
+        assert (image.format, image.size) == ("PNG", (15 * 80, 10 * 80))
+
+
+# -- make train-ddp: a terminal, a pipe, TERM=dumb ---------------------------------------------------------------
+
+
+@pytest.mark.claim("ddp-make-train-ddp", "ddp-rank-zero-writes")
+@needs("ddp_terminal")
+def test_train_ddp_in_a_terminal(launched):
+    result = launched["ddp_terminal"]
+    check_ddp(result, peak_lr=0.003)
+    # The bar was drawn live (Rich hides the cursor while it redraws), so the terminal path ran on rank 0.
+    assert "\x1b[?25l" in result.raw, result
+
+
+@pytest.mark.claim("ddp-make-train-ddp", "ddp-rank-zero-writes", "ddp-lr-scaling")
+@needs("ddp_piped")
+def test_train_ddp_piped_with_term_dumb(launched):
+    result = launched["ddp_piped"]
+    check_ddp(result, peak_lr=0.006)
+    assert "\x1b[?25l" not in result.output, result  # no live redraws into a pipe
+
+
+# -- Never lose a run ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.claim("debug-preset-profiler")
+@needs("preset_then_resume")
+def test_debug_preset(launched):
+    preset, summary = launched["preset_then_resume"][0]
+    run = check_run(preset)
+    assert (summary["epochs"], summary["global_step"]) == (2, 10), (
+        summary
+    )  # limit_batches.yaml: 2 x 5 batches
+    profile = (run / "fit-profile.txt").read_text()  # SimpleProfiler's table, written at the end of fit
+    assert "run_training_batch" in profile, profile[:2000]
+
+
+@pytest.mark.claim("resume-continues-own-run")
+@needs("preset_then_resume")
+def test_resume(launched):
+    launches = launched["preset_then_resume"]
+    assert len(launches) == 2, launches[-1][0]
+    run = check_run(launches[0][0])
+    resumed, summary = launches[1]
+    # In the same run directory (no second one), from its last.ckpt: one more epoch of 5 steps.
+    assert check_run(resumed) == run
+    assert (summary["epochs"], summary["global_step"]) == (3, 15), summary
+    assert "Restored all states from the checkpoint" in resumed.stderr, resumed
+    # The same TensorBoard folder; the earlier metrics.csv kept as metrics.1.csv.
+    assert len(list(run.glob("events.out.tfevents.*"))) >= 2
+    assert {p.name for p in run.glob("metrics*.csv")} == {"metrics.csv", "metrics.1.csv"}
+
+
+# -- Fill in your model, point at your own data -------------------------------------------------------------------
+
+
+@pytest.mark.claim("own-model-from-config")
+@needs("own_model")
+def test_own_model(launched):
+    run = check_run(launched["own_model"])
+    config = json.dumps(__import__("yaml").safe_load((run / "config.yaml").read_text())["model"])
+    assert '"class_path": "my_models.TinyMLP"' in config and '"hidden": 32' in config, config
+    weights = torch.load(run / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
+    # 8x8 grey digits flattened to 64 inputs, hidden 32 (mine.yaml), 10 classes filled in from the data.
+    assert weights["model.net.1.weight"].shape == (32, 64) and weights["model.net.3.weight"].shape == (10, 32)
+
+
+@pytest.mark.claim("own-data-imagefolder")
+@needs("imagefolder")
+def test_imagefolder(launched):
+    run = check_run(launched["imagefolder"])
+    ckpt = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
+    (data,) = [v for k, v in ckpt.items() if k.endswith("ImageClassificationDataModule")]
+    assert data["class_names"] == ["cat", "dog"] and data["input_shape"] == [3, 64, 64], data
+
+
+@pytest.mark.claim("cifar10-download-offline")
+@needs("cifar10_offline")
+def test_cifar10_download_needs_network(launched):
+    result = launched["cifar10_offline"]
+    assert result.returncode == 2, (
+        result
+    )  # make's own code for a failed recipe; the recipe's is in its message
+    assert "make: *** [Makefile" in result.stderr and "Error 2" in result.stderr, result
+    assert "Traceback" not in result.output, result
+    message = " ".join(line for line in result.stderr.splitlines() if line.startswith("error:"))
+    assert "CIFAR10 train files were not found or are corrupt under 'data/cifar-10-batches-py'" in message
+    assert "The download failed: is this machine online? Otherwise copy the files there by hand." in message
+
+
+# -- Recipes -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.claim("wandb-offline-without-key")
+@needs("wandb")
+def test_wandb_without_a_key_logs_offline(launched):
+    result = launched["wandb"]
+    run = check_run(result)
+    name = f"runs/{run.name}"
+    hint = (
+        f"wandb: no API key (WANDB_API_KEY or `wandb login`), so logging offline to {name}/wandb. "
+        f"Upload later with: wandb sync {name}/wandb/offline-run-*"
+    )
+    assert result.stderr.splitlines().count(hint) == 1, result
+    run_id = (run / "wandb_id.txt").read_text().strip()
+    assert glob.glob(str(run / f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")), sorted(run.rglob("*"))
+
+
+@pytest.mark.claim("predict-csv")
+@needs("predict")
+def test_predict(launched):
+    result = launched["predict"]
+    assert result.returncode == 0, result
+    run = launched.tools_run
+    assert f"Predicted 3 image(s) -> runs/{run.name}/predictions.csv" in result.lines(), result
+    assert "Skipped 1 file(s) that are not readable images:" in result.stderr and "notes.txt" in result.stderr
+    rows = list(csv.reader((run / "predictions.csv").open()))
+    assert rows[0] == ["path", "class", "probability", "top3"]
+    assert sorted(Path(r[0]).name for r in rows[1:]) == ["0.png", "1.png", "2.png"], rows
+    for _, label, probability, top in rows[1:]:
+        names, probabilities = zip(*(pair.split(":") for pair in top.split(";")), strict=True)
+        assert names[0] == label and label in "0123456789", top
+        # The same probability, printed with 6 decimals and with 4 in the top-k column: within half the 4th's unit.
+        assert abs(float(probabilities[0]) - float(probability)) <= 0.5e-4, top
+        assert list(map(float, probabilities)) == sorted(map(float, probabilities), reverse=True), top
+
+
+@pytest.mark.claim("export-checked")
+@needs("export")
+def test_export(launched):
+    result = launched["export"]
+    assert result.returncode == 0, result
+    out = launched.tools_run / "export"
+    assert {"model.onnx", "preprocessing.json"} <= {p.name for p in out.iterdir()}, sorted(out.iterdir())
+    diffs = [float(d) for d in re.findall(r"max abs diff (\S+)", result.stdout)]
+    assert len(diffs) >= 2 and max(diffs) <= 1e-4, result  # the README's bound for each printed difference
+
+
+@pytest.mark.claim("doctor-verdict")
+@needs("doctor")
+def test_doctor(launched):
+    result = launched["doctor"]
+    assert result.returncode == 0, result
+    lines = result.lines()
+    assert lines[-1] == "doctor: ready for `make train`.", result
+    assert any(line.startswith("ok:") for line in lines) and not any(
+        line.startswith("problem:") for line in lines
+    )
+
+
+@pytest.mark.claim("make-help-lists-targets")
+@needs("help")
+def test_make_help(launched):
+    listing, nproc4 = launched["help"]
+    assert listing.returncode == 0, listing
+    phony = re.search(r"^\.PHONY:(.*)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
+    listed = [line.split()[1] for line in listing.lines() if line.startswith("  make ")]
+    assert sorted(listed) == sorted(phony), listing
+    # Each target prints the command it runs; NPROC and ARGS reach it.
+    assert nproc4.returncode == 0 and nproc4.lines() == [
+        ".venv/bin/python -m project fit --config configs/default.yaml --config configs/ddp.yaml "
+        "--trainer.devices 4 --trainer.num_nodes 1 --trainer.max_epochs 5"
+    ], nproc4
+
+
+@pytest.mark.claim("finetune-offline-weights")
+@needs("finetune_offline")
+def test_finetune_offline_says_where_the_weights_go(launched):
+    result = launched["finetune_offline"]
+    assert result.returncode == 2 and "Traceback" not in result.output, result
+    home = result.cwd / "torch-home"
+    assert re.search(rf"put it at {re.escape(str(home))}/hub/checkpoints/resnet18-\w+\.pth", result.stderr), (
+        result
+    )
+    assert result.runs() == [], result  # a configuration error leaves no run directory
+
+
+@pytest.mark.claim("finetune-local-weights")
+@needs("finetune_local")
+def test_finetune_from_a_local_file(launched):
+    run = check_run(launched["finetune_local"])
+    trained = torch.load(run / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
+    pretrained = torch.load(run.parent.parent / "resnet18.pth", weights_only=True)
+    # The backbone is frozen until unfreeze_epoch (3 in configs/finetune.yaml); the head is new.
+    for name in ("conv1.weight", "layer4.1.bn2.running_mean"):
+        assert torch.equal(trained[f"model.net.{name}"], pretrained[name]), name
+    assert trained["model.net.fc.weight"].shape == (2, 512)
+
+
+@pytest.mark.claim("readme-commands-tested")
+def test_readme_parser_reads_what_the_readme_shows():
+    # The parser on the README's own forms: a comment after a command, a continuation, quotes holding spaces.
+    assert "make resume" in readme_commands() and FINETUNE in readme_commands()
+    assert _without_comment('make x ARGS="a # b"  # note') == 'make x ARGS="a # b"  '
+    assert make_argv('make train ARGS="--a 1"', "--b 2") == ["make", "train", "ARGS=--a 1 --b 2"]
+    assert make_argv("make doctor", "--b 2") == ["make", "doctor", "ARGS=--b 2"]
