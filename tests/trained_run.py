@@ -1,13 +1,15 @@
 """One tiny trained run shared by the tool tests (loggers, report, predict, export): trained once per session.
 
-Default config + configs/debug/limit_batches.yaml (2 epochs x 5 batches) + the W&B overlay, offline.
+Default config + configs/debug/limit_batches.yaml (2 epochs x 5 batches) + the W&B overlay, offline, in this
+process. Nothing else is turned off: progress bar and model summary run as under `make train`. (The session's
+`make train` run itself, as a subprocess without W&B, is tests/conftest.py's `finished_run`.)
 """
 
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, QUIET, run_cli
+from tests.conftest import CONFIGS, run_cli
 
 # A fake key: W&B must not write it anywhere (WANDB_MODE=offline keeps W&B off the network).
 FAKE_WANDB_KEY = "sentinel0123456789abcdef0123456789abcdef"
@@ -29,7 +31,6 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 CONFIGS / "debug/limit_batches.yaml",
                 "--config",
                 CONFIGS / "logger/wandb.yaml",
-                *QUIET,
                 "--run_dir",
                 root / "run",
             )
