@@ -23,7 +23,7 @@ def test_resumed_run_reuses_the_wandb_run_id(tmp_path):
     assert wandb_run_id(tmp_path) == first  # the same run dir (a resume) gets the same W&B run
 
 
-@pytest.mark.claim("resume-continues-own-run")
+@pytest.mark.claim("resume-continues-own-run", "csv-history-kept")
 def test_resume_keeps_previous_csv_metrics(tmp_path):
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
     keep_csv_history(tmp_path)
