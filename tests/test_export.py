@@ -33,7 +33,7 @@ def _compare_outside(model, onnx_path: Path, run_program) -> None:
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     for batch in (1, 7):  # export traces with batch 2: another size proves the batch axis is dynamic
-        x = torch.randn(batch, 1, 8, 8)
+        x = torch.randn(batch, 1, 8, 8)  # digits: grey 8x8 images, 10 classes
         with torch.no_grad():
             expected, got_program = model(x).numpy(), run_program(x).numpy()
         got_onnx = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
@@ -51,6 +51,7 @@ def test_export_default_model(run_dir, tmp_path, capsys):
     assert len(lines) == 2 * 3 and sum("test batch" in ln for ln in lines) == 2
     assert all(float(ln.rsplit(" ", 1)[1]) <= TOLERANCE for ln in lines)
     prep = json.loads((out / "preprocessing.json").read_text())
+    # digits: classes "0".."9", grey 8x8 images (project/data/digits.py)
     assert prep["class_names"] == [str(d) for d in range(10)] and prep["input_shape"] == [1, 8, 8]
     assert len(prep["mean"]) == len(prep["std"]) == 1
     model = build_model(load_checkpoint(run_dir / "checkpoints/last.ckpt")).model.eval()

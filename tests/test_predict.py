@@ -111,6 +111,7 @@ def test_predict_folder(run_dir, images, tmp_path, capsys):
     ckpt = run_dir / "checkpoints/last.ckpt"
     assert run_cli("predict", "--ckpt_path", ckpt, "--input", images, "--output", out, "--top_k", "3") == 0
     rows = list(csv.DictReader(out.open()))
+    # The fixture's six digits are predicted; its text file and corrupt PNG are the 2 skipped files.
     assert len(rows) == 6 and {r["path"].rsplit("/", 1)[1] for r in rows} == {
         f"digit{i}.png" for i in range(6)
     }

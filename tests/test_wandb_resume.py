@@ -44,7 +44,7 @@ def runs(tmp_path_factory) -> Path:
             mp.setenv(var, str(root / "wandb-home"))
         # Were it online after all, it fails here fast instead of waiting on the network.
         mp.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
-        mp.setenv("WANDB_INIT_TIMEOUT", "20")
+        mp.setenv("WANDB_INIT_TIMEOUT", "20")  # seconds; bounds only that failure, not a passing run
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
