@@ -96,9 +96,9 @@ def main() -> None:
     for text in opts.path or DEFAULT_PATHS:
         label, env = parse_path(text)
         kernels = probe(env)
+        print(f"[{label}] env {env or '(none)'}: {kernels}", flush=True)
         if not opts.spin:
             env = {"OMP_WAIT_POLICY": "PASSIVE", **env}
-        print(f"[{label}] env {env or '(none)'}: {kernels}", flush=True)
         runs, started = [], time.perf_counter()
         for seed in opts.seeds:
             summary = train(seed, env)
