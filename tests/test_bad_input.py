@@ -193,6 +193,16 @@ def test_batch_larger_than_training_split(in_tmp, capsys):
     assert "fewer than data.batch_size=5000" in err and "--data.init_args.batch_size" in err
 
 
+@pytest.mark.claim("bad-input-batch-size")
+def test_a_batch_larger_than_the_training_split_is_fine_for_evaluation():
+    from project.data import ImageClassificationDataModule
+    from project.errors import ConfigError
+
+    ImageClassificationDataModule(batch_size=5000).setup("test")  # no training batch is drawn: no error
+    with pytest.raises(ConfigError, match="fewer than data.batch_size=5000"):
+        ImageClassificationDataModule(batch_size=5000).setup("fit")
+
+
 # --- checkpoints --------------------------------------------------------------------------------------------
 
 

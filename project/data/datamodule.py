@@ -107,7 +107,8 @@ class ImageClassificationDataModule(L.LightningDataModule):
         # Lightning creates the loggers' files in the run directory between prepare_data and setup, so the data
         # is loaded and checked here, on the first process of each node; setup() keeps what it loaded, and the
         # other processes load theirs in setup() as before.
-        self.setup()
+        fn = self.trainer.state.fn if self.trainer is not None else None
+        self.setup(fn.value if fn is not None else None)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
@@ -115,7 +116,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         hp = self.hparams
         if hp.source == "imagefolder":
             self._setup_image_folder()
-            self._check_split_sizes()
+            self._check_split_sizes(stage)
             return
         if hp.source == "digits":
             images, labels = digits.load_digits_tensors()
@@ -149,14 +150,16 @@ class ImageClassificationDataModule(L.LightningDataModule):
         self.train_set = ImageTensorDataset(images[train_idx], labels[train_idx], train_tf)
         self.val_set = ImageTensorDataset(images[val_idx], labels[val_idx], eval_tf)
         self.test_set = ImageTensorDataset(test_images, test_labels, eval_tf)
-        self._check_split_sizes()
+        self._check_split_sizes(stage)
 
-    def _check_split_sizes(self) -> None:  # issue #4: an empty split is an error, not a crash at epoch end
+    def _check_split_sizes(
+        self, stage: str | None
+    ) -> None:  # issue #4: an empty split fails now, not at epoch end
         hp = self.hparams
         sizes = {"train": len(self.train_set), "val": len(self.val_set), "test": len(self.test_set)}
         check_split_sizes(sizes, f"val_fraction={hp.val_fraction}, test_fraction={hp.test_fraction}")
-        # Here too, not only when the loader is built: that comes after the run directory has its first files.
-        check_batch_size(sizes["train"], self._world_size(), hp.batch_size)
+        if stage in (None, "fit"):  # here too, not only in train_dataloader(): that runs after the logs exist
+            check_batch_size(sizes["train"], self._world_size(), hp.batch_size)
 
     def _world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
