@@ -19,7 +19,7 @@ class GracefulStop(Callback):
     The checkpoint is written in on_train_batch_end, the same point where ModelCheckpoint's step-based saves
     happen, so Lightning's restart logic treats it like any mid-epoch checkpoint. A signal that arrives during
     validation takes effect after the next training step. A second Ctrl+C stops at once without saving.
-    Lightning's own SIGTERM handler is replaced during fit: it would abort validation half-way and exit 0.
+    Lightning's own SIGTERM handler is replaced from the first training step on (see on_train_start).
     SLURM's requeue signal (SIGUSR1 with SLURMEnvironment(auto_requeue=True)) stays with Lightning, which
     saves hpc_ckpt_<n>.ckpt into the run directory and requeues the job.
     Under DDP every rank stops at the same step, whichever ranks the signal reached (see `_agreed_signal`), and
@@ -39,6 +39,16 @@ class GracefulStop(Callback):
         for sig in self.SIGNALS:
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._handle)
+
+    def on_train_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        # Lightning installs its SIGTERM handler after on_fit_start, with ours called from inside it. Its own part
+        # sets trainer.received_sigterm, which stops validation half-way with exit code 0 and no checkpoint (a
+        # scheduler sees a success), and under DDP
+        # it broadcasts from inside the signal handler: on a rank the signal reached alone, or first, that
+        # broadcast pairs with another collective and the ranks hang (seen with SIGTERM sent to rank 1 of
+        # `make train-ddp`). From the first training step on, SIGTERM is ours alone.
+        if self._previous and signal.getsignal(signal.SIGTERM) != self._handle:
+            signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
         if not self._previous:  # fit is over (a handler left installed must not swallow a later Ctrl+C)
