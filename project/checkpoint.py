@@ -48,7 +48,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 stale.unlink(missing_ok=True)
         except BaseException as err:
             Path(tmp).unlink(missing_ok=True)
-            if isinstance(err, OSError) and err.errno in (
+            os_error = _os_error(err)
+            if os_error is not None and os_error.errno in (
                 errno.ENOSPC,
                 errno.EDQUOT,
                 errno.EROFS,
@@ -56,10 +57,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             ):
                 kept = f" The previous '{path.name}' is untouched." if path.exists() else ""
                 raise ConfigError(
-                    f"Saving checkpoint '{path}' failed: {err.strerror or err}.{kept} Free disk space or point "
-                    "--run_dir at a writable disk with room, then resume with --ckpt_path last."
+                    f"Saving checkpoint '{path}' failed: {os_error.strerror or os_error}.{kept} Free disk space or "
+                    "point --run_dir at a writable disk with room, then resume with --ckpt_path last."
                 ) from err
             raise
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OSError behind err: torch's zip writer turns the file's OSError (a full disk in the middle of a tensor)
+    into a RuntimeError ("unexpected pos ..."), with the OSError as its __context__."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:

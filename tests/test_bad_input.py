@@ -322,16 +322,6 @@ def small_disk(in_tmp, monkeypatch, request):
     print(
         f"full disk: {f'an 8 MB tmpfs, {left} bytes left' if mounted else 'os.fsync fails (no right to mount)'}"
     )
-    if mounted and left > 64 * 1024:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                raises=RuntimeError,
-                reason="bug in project/checkpoint.py: torch's zip writer turns the file's OSError (ENOSPC) into a "
-                "RuntimeError ('unexpected pos ...', the OSError as its __context__), which AtomicCheckpointIO "
-                "re-raises as a traceback instead of the paragraph",
-            )
-        )
     yield disk
     monkeypatch.undo()
     if mounted:
