@@ -127,7 +127,10 @@ def _stand_ins(tmp_path: Path, gpus: int) -> dict:
     echo.write_text('#!/usr/bin/env bash\necho "PROJECT_RUN_DIR=$PROJECT_RUN_DIR $*"\n')
     for f in (smi, echo):
         f.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PY": str(echo)}
+    # Without PROJECT_RUN_DIR: torchrun.sh keeps an inherited one (a node of a run already named), and an
+    # in-process run earlier in this pytest process may have left its own in os.environ.
+    env = {k: v for k, v in os.environ.items() if k != "PROJECT_RUN_DIR"}
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PY": str(echo)}
 
 
 @pytest.mark.claim("ddp-make-train-ddp", "ddp-torchrun-nodes")
