@@ -297,7 +297,9 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
     next to a run (predict, export, `python -m project test`) runs on `finished_run.copy_to(user_checkout(tmp))`.
     """
     checkout = user_checkout(tmp_path_factory.mktemp("finished-run"))
-    result = launch(make_argv(FINISHED_RUN_COMMAND), checkout)
+    # One intra-op thread: it often runs next to other launches (tests/test_readme.py starts several at once), and
+    # 2 threads per process on 2 busy cores took this run 29 CPU s instead of 15 (AMD EPYC, 2026-12-01).
+    result = launch(make_argv(FINISHED_RUN_COMMAND), checkout, env={"OMP_NUM_THREADS": "1"})
     runs = result.runs()
     assert result.returncode == 0 and len(runs) == 1, f"the session's `make train` failed:\n{result}"
     return FinishedRun(checkout, runs[0], result)
