@@ -41,6 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # launching processes takes seconds: every multi-process test is also a slow one
+        if item.get_closest_marker("ddp") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
     wanted = set(config.getoption("--claim"))
     if not wanted:
         return
@@ -65,6 +68,15 @@ def run_cli(*args: str) -> int:
 
 def read_summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def no_inherited_run_dir(monkeypatch):
+    """Each test starts without PROJECT_RUN_DIR: a test that builds the CLI itself (build_cli, not main) leaves the
+    run directory it resolved in os.environ, and the next run in this process, or a launcher it starts, would
+    reuse it (seen: a torchrun.sh test got an earlier test's run directory). monkeypatch restores the variable as
+    it was before the test (normally: unset) at teardown, whatever the test set."""
+    monkeypatch.delenv(RUN_DIR_ENV, raising=False)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from project.models import ConvNet
 from project.module import ClassificationModule
 
 
+@pytest.mark.slow
 @pytest.mark.claim("compile-plain-keys")
 def test_compiled_module_state_dict_loads_into_an_uncompiled_model(monkeypatch):
     # The eager backend: dynamo traces the model as with inductor, without minutes of C++ compilation.

@@ -114,6 +114,7 @@ def smoothing_floor(eps: float, k: int) -> float:
     return -(on * math.log(on) + (k - 1) * off * math.log(off))
 
 
+@pytest.mark.slow
 @pytest.mark.claim("preset-overfit-batches")
 def test_overfit_batches_drives_the_training_loss_to_zero(in_tmp):
     assert run_cli("fit", "--config", DEBUG / "overfit_batches.yaml", "--run_dir", "r") == 0
@@ -186,6 +187,7 @@ def limit_batches_run(in_tmp: Path, preset: str, *shrink: str) -> Path:
     return in_tmp / "r"
 
 
+@pytest.mark.slow
 @pytest.mark.claim("preset-profilers", "preset-limit-batches")
 def test_simple_profiler_times_every_step_and_hook_on_a_limit_batches_run(in_tmp):
     run = limit_batches_run(in_tmp, "profiler")
@@ -204,6 +206,7 @@ def test_simple_profiler_times_every_step_and_hook_on_a_limit_batches_run(in_tmp
     assert (run / "checkpoints/last.ckpt").is_file() and Path(summary["best_checkpoint"]).is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.claim("preset-profilers")
 def test_pytorch_profiler_writes_a_trace_of_training_steps(in_tmp):
     # One epoch: the recording costs time (~5x a plain step here), and its schedule fits in 5 steps.

@@ -42,6 +42,7 @@ def _compare_outside(model, onnx_path: Path, run_program) -> None:
         assert np.abs(got_program - expected).max() <= TOLERANCE
 
 
+@pytest.mark.slow
 @pytest.mark.claim("export-checked")
 def test_export_default_model(run_dir, tmp_path, capsys):
     out = tmp_path / "export"

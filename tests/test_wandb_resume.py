@@ -16,6 +16,8 @@ from project.run_dir import RUN_DIR_ENV
 from tests.conftest import CONFIGS, read_summary, run_cli
 from tests.test_loggers import _wandb_records
 
+pytestmark = pytest.mark.slow  # two fits through the CLI (~8 s)
+
 # `make train ARGS="--trainer.logger null --config configs/logger/wandb.yaml"` on the quick debug config:
 # 1 epoch, then `make resume` (= --ckpt_path last) to the config's 2 epochs.
 FIT = ["fit", "--config", CONFIGS / "default.yaml", "--trainer.logger", "null",
