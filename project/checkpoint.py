@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
-from project.errors import ConfigError
+from project.errors import ConfigError, find_in_chain
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -48,7 +48,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 stale.unlink(missing_ok=True)
         except BaseException as err:
             Path(tmp).unlink(missing_ok=True)
-            os_error = _os_error(err)
+            # torch's zip writer turns the file's OSError (a full disk inside a tensor) into a RuntimeError
+            os_error = find_in_chain(err, OSError)
             if os_error is not None and os_error.errno in (
                 errno.ENOSPC,
                 errno.EDQUOT,
@@ -61,18 +62,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     "point --run_dir at a writable disk with room, then resume with --ckpt_path last."
                 ) from err
             raise
-
-
-def _os_error(err: BaseException | None) -> OSError | None:
-    """The OSError behind err: torch's zip writer turns the file's OSError (a full disk in the middle of a tensor)
-    into a RuntimeError ("unexpected pos ..."), with the OSError as its __context__."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
 
 
 def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:

@@ -15,7 +15,7 @@ from project.checkpoint import check_checkpoint, read_checkpoint
 from project.console import drop_inapplicable_messages
 from project.data import ImageClassificationDataModule
 from project.distributed import describe_world, env_rank, quiet_non_zero_ranks, share_cpu_threads
-from project.errors import ConfigError
+from project.errors import ConfigError, find_in_chain
 from project.loggers import configure_loggers
 from project.module import ClassificationModule
 from project.run_dir import RUN_DIR_ENV, check_writable, checkpoint_run, keep_csv_history, resolve_run_dir
@@ -279,7 +279,7 @@ def main(args: list[str] | None = None) -> None:
     except Exception as err:
         # jsonargparse wraps errors raised while instantiating a class (ValueError: "Does not validate against
         # any of the Union subtypes"); dig out our own ConfigError so the user sees its one paragraph.
-        config_error = _find_config_error(err)
+        config_error = find_in_chain(err, ConfigError)
         if config_error is None:
             raise
         print(f"\nerror: {config_error}\n", file=sys.stderr, flush=True)
@@ -290,13 +290,3 @@ def main(args: list[str] | None = None) -> None:
         # ...and its own W&B run: WandbLogger would otherwise attach to the run still open (and flushed only at exit).
         if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
             sys.modules["wandb"].finish()
-
-
-def _find_config_error(err: BaseException | None) -> ConfigError | None:
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, ConfigError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
