@@ -88,6 +88,16 @@ class ProjectCLI(LightningCLI):
         if ckpt_path and str(ckpt_path) not in ("last", "best", "hpc", "registry"):
             read_checkpoint(ckpt_path, mmap=True)
 
+    def _dump_config(self) -> None:
+        # Lightning records the module's hyperparameters from this dump, then writes each linked value (num_classes,
+        # in_channels) into it at "model.init_args.<arg>". A nested class whose every argument is linked is dumped
+        # without an init_args key, and Lightning's writer then failed an assertion ("Expected key
+        # model.init_args.num_classes to be in data"): a user model taking only num_classes and in_channels crashed.
+        first = not hasattr(self, "config_dump")
+        super()._dump_config()
+        if first:
+            _add_missing_init_args(self.config_dump)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         run_dir = resolve_run_dir(config.get("run_dir"), config.get("ckpt_path"))
@@ -169,6 +179,18 @@ class ProjectCLI(LightningCLI):
             print(f"Run directory: {self.trainer.default_root_dir}", flush=True)
 
     after_validate = after_test
+
+
+def _add_missing_init_args(node) -> None:
+    """Give every {class_path: ...} mapping in a config dump an init_args mapping (empty if it had none)."""
+    if isinstance(node, dict):
+        if "class_path" in node and node.get("init_args") is None:
+            node["init_args"] = {}
+        for value in node.values():
+            _add_missing_init_args(value)
+    elif isinstance(node, list):
+        for value in node:
+            _add_missing_init_args(value)
 
 
 def step_checkpoint(run_dir: Path, every_n_steps: int) -> Namespace:

@@ -137,6 +137,45 @@ def test_fill_in_your_own_model_from_outside_the_package(in_tmp, monkeypatch):
     assert state["model.net.1.weight"].shape == (32, 64)
 
 
+class OnlyLinkedArgs(torch.nn.Module):
+    """A model whose only constructor arguments are the two the CLI links from the data."""
+
+    def __init__(self, num_classes: int, in_channels: int = 1) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(in_channels * 8 * 8, num_classes)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
+@pytest.mark.claim("own-model-linked-args")
+@pytest.mark.parametrize("how", ["config", "flag"])
+def test_a_model_taking_only_the_linked_arguments_trains_and_reloads(in_tmp, how):
+    # Lightning's hyperparameter recorder asserted ("Expected key model.init_args.num_classes to be in data") when
+    # every argument of the nested model was linked, so its config dump had no init_args to write them into.
+    model = "tests.test_cli.OnlyLinkedArgs"
+    if how == "config":
+        (in_tmp / "only.yaml").write_text(f"model:\n  init_args:\n    model:\n      class_path: {model}\n")
+        chosen = ["--config", "only.yaml"]
+    else:
+        chosen = ["--model.init_args.model", model]
+    short = [
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+    ]
+    assert run_cli("fit", *chosen, *QUIET, *short, "--test_after_fit", "false", "--run_dir", "r") == 0
+    hparams = torch.load(in_tmp / "r/checkpoints/last.ckpt", weights_only=True)["hyper_parameters"]
+    assert hparams["model"] == {"class_path": model, "init_args": {"num_classes": 10, "in_channels": 1}}
+    reloaded = ClassificationModule.load_from_checkpoint(
+        in_tmp / "r/checkpoints/last.ckpt", weights_only=True
+    )
+    assert isinstance(reloaded.model, OnlyLinkedArgs) and reloaded.model.fc.out_features == 10
+
+
 def test_only_the_subcommand_on_the_command_line_gets_a_parser():
     from project.cli import SUBCOMMANDS, requested_subcommands
 

@@ -138,11 +138,9 @@ def test_overfit_batches_drives_the_training_loss_to_zero(in_tmp):
 class SqrtOfNegative(nn.Module):
     """Finite outputs and loss, NaN gradients: the classic `where` trap."""
 
-    # `pixels`: a model whose only arguments are the linked num_classes and in_channels fails in jsonargparse's
-    # argument linking ("Expected key model.init_args.num_classes to be in data"), a CLI bug reported apart.
-    def __init__(self, num_classes: int, in_channels: int = 1, pixels: int = 64) -> None:
+    def __init__(self, num_classes: int, in_channels: int = 1) -> None:
         super().__init__()
-        self.fc = nn.Linear(in_channels * pixels, num_classes)
+        self.fc = nn.Linear(in_channels * 8 * 8, num_classes)
 
     def forward(self, x):
         y = self.fc(x.flatten(1))
