@@ -124,12 +124,36 @@ def user_checkout(path: Path) -> Path:
     return path
 
 
+# What make passes down to the commands of `make test`: MAKEFLAGS and friends carry `make test ARGS="..."` (and any
+# other variable set on its command line) into every make a test starts, so `make train` there would get pytest's
+# flags. A user's shell has none of them.
+MAKE_VARIABLES = (
+    "MAKEFLAGS",
+    "MFLAGS",
+    "MAKELEVEL",
+    "MAKEOVERRIDES",
+    "ARGS",
+    "CONFIG",
+    "NPROC",
+    "NODES",
+    "CKPT",
+    "INPUT",
+)
+
+
+def user_environment() -> dict[str, str]:
+    """This process's environment as a user's shell would have it: no run directory, nothing inherited from make."""
+    return {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV and k not in MAKE_VARIABLES}
+
+
 @functools.cache
 def _check_make_environment(checkout: Path) -> None:
     # `make train` first (re)installs the environment when pyproject.toml or the constraints are newer than it
     # (`make test` does that before pytest starts). Under a bare `pytest` that would be a pip install, offline
     # here, in the middle of a test: say so instead.
-    plan = subprocess.run(["make", "-n", "train"], cwd=checkout, capture_output=True, text=True)
+    plan = subprocess.run(
+        ["make", "-n", "train"], cwd=checkout, env=user_environment(), capture_output=True, text=True
+    )
     lines = plan.stdout.strip().splitlines()
     if plan.returncode != 0 or len(lines) != 1 or " -m project fit " not in lines[0]:
         pytest.fail(
@@ -189,8 +213,7 @@ def launch(
     terminal=True: stdin, stdout and stderr on a pseudo-terminal of 120 x 40 (someone typing the command).
     env: variables to set on top of this process's environment (None: remove the variable).
     """
-    environ = dict(os.environ)
-    environ.pop(RUN_DIR_ENV, None)
+    environ = user_environment()
     for key, value in (env or {}).items():
         if value is None:
             environ.pop(key, None)

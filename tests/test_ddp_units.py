@@ -15,7 +15,7 @@ from project.data import ImageClassificationDataModule
 from project.errors import ConfigError
 from project.module import ClassificationModule
 from project.run_dir import check_writable, resolve_run_dir
-from tests.conftest import CONFIGS, QUIET, REPO, run_cli
+from tests.conftest import CONFIGS, QUIET, REPO, run_cli, user_environment
 from tests.ddp_probe import PlainCNN
 from tests.ddp_processes import QUICK_DEADLINE_S
 from tests.ddp_replay import interleaved, replay, weight_difference
@@ -127,9 +127,9 @@ def _stand_ins(tmp_path: Path, gpus: int) -> dict:
     echo.write_text('#!/usr/bin/env bash\necho "PROJECT_RUN_DIR=$PROJECT_RUN_DIR $*"\n')
     for f in (smi, echo):
         f.chmod(0o755)
-    # Without PROJECT_RUN_DIR: torchrun.sh keeps an inherited one (a node of a run already named), and an
-    # in-process run earlier in this pytest process may have left its own in os.environ.
-    env = {k: v for k, v in os.environ.items() if k != "PROJECT_RUN_DIR"}
+    # Without PROJECT_RUN_DIR (torchrun.sh keeps an inherited one: a node of a run already named) and without
+    # what `make test ARGS=...` passes down to every make (NPROC among them).
+    env = user_environment()
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PY": str(echo)}
 
 
