@@ -60,31 +60,15 @@ def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_ba
 
 def _export_onnx(source, example: Tensor, path: Path, opset: int) -> Path:
     """ONNX from the ExportedProgram (dynamo exporter, needs onnxscript), or from the TorchScript fallback."""
+    names = {"input_names": ["images"], "output_names": ["logits"], "opset_version": opset}
     try:
         if isinstance(source, torch.export.ExportedProgram):  # carries its dynamic batch already
-            torch.onnx.export(
-                source,
-                (example,),
-                str(path),
-                input_names=["images"],
-                output_names=["logits"],
-                opset_version=opset,
-                dynamo=True,
-                external_data=False,
-            )
+            torch.onnx.export(source, (example,), str(path), **names, dynamo=True, external_data=False)
         else:  # a traced ScriptModule: torch's TorchScript exporter (deprecated, but the only route left)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                torch.onnx.export(
-                    source,
-                    (example,),
-                    str(path),
-                    input_names=["images"],
-                    output_names=["logits"],
-                    dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
-                    opset_version=opset,
-                    dynamo=False,
-                )
+                batch = {"images": {0: "batch"}, "logits": {0: "batch"}}
+                torch.onnx.export(source, (example,), str(path), **names, dynamic_axes=batch, dynamo=False)
     except ImportError as err:
         raise ConfigError(
             f"ONNX export needs the export extras: pip install -e '.[export]' ({err})."
