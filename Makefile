@@ -8,7 +8,7 @@
 #   make export CKPT=runs/<run>/checkpoints/last.ckpt
 #   make doctor                is this machine ready to train?
 # The environment: the active virtualenv or conda env if there is one, else ./.venv (created here).
-# Packages are (re)installed only when pyproject.toml or scripts/constraints.txt changed.
+# Packages are (re)installed only when pyproject.toml or constraints.txt changed.
 
 SHELL  := /bin/bash
 PYTHON ?= python3
@@ -38,8 +38,8 @@ $(PY):
 
 # Bytecode is compiled at install time (pip's default): without .pyc files, importing torch + lightning
 # takes ~20 s instead of ~7 s when PYTHONDONTWRITEBYTECODE is set.
-$(STAMP): pyproject.toml scripts/constraints.txt | $(PY)
-	$(PY) -m pip install --quiet --constraint scripts/constraints.txt --editable ".[dev,export,report]"
+$(STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,export,report]"
 	@touch $(STAMP)
 
 install: $(STAMP)  ## create/refresh the environment
@@ -81,9 +81,9 @@ format: $(STAMP)  ## apply ruff fixes and formatting
 	$(PY) -m ruff check --fix project tests scripts
 	$(PY) -m ruff format project tests scripts
 
-lock: $(STAMP)  ## re-pin scripts/constraints.txt from the current environment
+lock: $(STAMP)  ## re-pin constraints.txt from the current environment
 	( echo '# Exact versions `make` installs (pip -c). Regenerate with `make lock` after changing pyproject.toml.'; \
-	  $(PY) -m pip freeze --exclude-editable ) > scripts/constraints.txt
+	  $(PY) -m pip freeze --exclude-editable ) > constraints.txt
 
 clean:  ## remove run outputs and caches (keeps the environment)
 	rm -rf runs lightning_logs .pytest_cache .ruff_cache

@@ -157,7 +157,7 @@ def _check_make_environment(checkout: Path) -> None:
     lines = plan.stdout.strip().splitlines()
     if plan.returncode != 0 or len(lines) != 1 or " -m project fit " not in lines[0]:
         pytest.fail(
-            "`make train` would first (re)install the environment (pyproject.toml or scripts/constraints.txt is "
+            "`make train` would first (re)install the environment (pyproject.toml or constraints.txt is "
             f"newer than it):\n{plan.stdout}{plan.stderr}\nRun `make install` (or the tests through `make test`)."
         )
 
