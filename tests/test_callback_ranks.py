@@ -4,8 +4,11 @@ A collective that one rank skips, or enters alone, makes the others wait until t
 in configs/ddp.yaml). GracefulStop: a signal reaches the ranks one by one, or only one of them, and saving a
 checkpoint is collective; Lightning's SIGTERM handler broadcasts from inside the signal handler (both hung
 `make train-ddp` when rank 1 alone got SIGINT or SIGTERM; fixed, it exits 130/143 in ~5 s, by hand on 2026-12-01).
-RunReport: the test confusion matrix is gathered from every rank, also from one whose test shard was empty. Two
-callbacks stand for two ranks here; their strategy's reduce is the all-reduce between them.
+GracefulStop compares the ranks' flags every `check_every_n_steps` batches only (a host read each time), so
+all ranks must count to the same step. NonFiniteLossGuard: a NaN loss on one rank stops every rank at the same
+check, naming that rank's step. RunReport: the test confusion matrix is gathered from every rank, also from one
+whose test shard was empty. Two callbacks stand for two ranks here; their strategy's reduce is the all-reduce
+between them.
 """
 
 import os
@@ -15,7 +18,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from project.callbacks import GracefulStop
+from project.callbacks import GracefulStop, NonFiniteLossGuard
+from project.callbacks.nonfinite_loss import NonFiniteLossError
 
 
 class _Strategy:
@@ -54,29 +58,111 @@ def _batch_end(stop: GracefulStop, trainer: _Trainer, batch_idx: int) -> int | N
     return None
 
 
+def _run_until_exit(ranks, trainers, signal_at: int, receivers, signum, epochs: int = 3) -> list[tuple]:
+    """Batch ends on both ranks, epoch by epoch, with the signal recorded on `receivers` before batch signal_at
+    (counted over the whole run); returns each rank's (exit code, epoch, batch) or None."""
+    exits: list = [None, None]
+    n = 0
+    for epoch in range(epochs):
+        for batch_idx in range(_Trainer.num_training_batches):
+            if n == signal_at:
+                for r in receivers:
+                    ranks[r]._received = signum  # what the handler records
+            n += 1
+            for r, (stop, trainer) in enumerate(zip(ranks, trainers)):
+                code = _batch_end(stop, trainer, batch_idx)
+                if code is not None and exits[r] is None:
+                    exits[r] = (code, epoch, batch_idx)
+            if any(exits):
+                return exits
+    return exits
+
+
 @pytest.mark.claim("stop-signal-saves-and-exits")
 @pytest.mark.parametrize("receivers", [(1,), (0,), (0, 1)], ids=["rank1-only", "rank0-only", "both"])
 def test_every_rank_saves_and_exits_at_the_same_step(receivers, capsys):
     ranks = [GracefulStop(), GracefulStop()]
     strategy = _Strategy(ranks)
     trainers = [_Trainer(strategy, 0), _Trainer(strategy, 1)]
-    assert [_batch_end(s, t, 3) for s, t in zip(ranks, trainers)] == [None, None]  # no signal: train on
-    for r in receivers:
-        ranks[r]._received = signal.SIGTERM  # what the handler records
-    # Rank 0 decides first at step 4 (its flag may still be unset), rank 1 a moment later: they agree anyway.
-    assert [_batch_end(s, t, 4) for s, t in zip(ranks, trainers)] == [143, 143]
+    every = ranks[0].check_every_n_steps
+    # The signal arrives during batch 4; the ranks compare their flags after batch `every` - 1 (the first check),
+    # and leave together there, rank 0 deciding first (its own flag may still be unset): they agree anyway.
+    exits = _run_until_exit(ranks, trainers, 4, receivers, signal.SIGTERM)
+    assert exits == [(143, 0, every - 1)] * 2
+    assert strategy.calls == 2  # one all-reduce per rank in `every` batches, not one per batch
     assert [t.saved for t in trainers] == [["run/checkpoints/last.ckpt"]] * 2
     assert capsys.readouterr().err.count("Saved run/checkpoints/last.ckpt") == 1  # rank 0 alone prints
 
 
 @pytest.mark.claim("stop-signal-saves-and-exits")
 def test_an_epochs_last_batch_waits_for_the_next_epoch_on_every_rank():
+    # A check due on an epoch's last batch (batch 19 is the 20th: a multiple of 10) moves to the next epoch's first.
     ranks = [GracefulStop(), GracefulStop()]
     strategy = _Strategy(ranks)
-    ranks[1]._received = signal.SIGINT
     trainers = [_Trainer(strategy, 0), _Trainer(strategy, 1)]
-    assert [_batch_end(s, t, 19) for s, t in zip(ranks, trainers)] == [None, None]
-    assert [_batch_end(s, t, 0) for s, t in zip(ranks, trainers)] == [130, 130]
+    assert ranks[0].check_every_n_steps == 10 and _Trainer.num_training_batches == 20
+    assert _run_until_exit(ranks, trainers, 15, (1,), signal.SIGINT) == [(130, 1, 0)] * 2
+
+
+class _GuardStrategy:
+    """All-reduce "max" between NonFiniteLossGuards of two ranks (each rank's current state)."""
+
+    root_device = torch.device("cpu")
+
+    def __init__(self, ranks: list[NonFiniteLossGuard]) -> None:
+        self.ranks, self.calls = ranks, 0
+
+    def reduce(self, tensor, reduce_op: str):
+        assert reduce_op == "max"
+        self.calls += 1
+        return torch.stack([rank._state() for rank in self.ranks]).max(0).values
+
+
+@pytest.mark.claim("nan-loss-stops-run")
+def test_a_nan_loss_on_one_rank_stops_every_rank_at_the_same_check():
+    from types import SimpleNamespace
+
+    ranks = [NonFiniteLossGuard(check_every_n_steps=4), NonFiniteLossGuard(check_every_n_steps=4)]
+    strategy = _GuardStrategy(ranks)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    trainers = [
+        SimpleNamespace(
+            world_size=2,
+            strategy=strategy,
+            num_training_batches=20,
+            global_step=0,
+            current_epoch=0,
+            optimizers=[],
+            precision_plugin=None,
+            checkpoint_callback=None,
+        )
+        for _ in ranks
+    ]
+    for guard, trainer in zip(ranks, trainers):
+        guard.on_train_start(trainer, module)
+    optimizers = [SimpleNamespace(_step_supports_amp_scaling=True, param_groups=[]) for _ in ranks]
+    raised: list = [None, None]
+    for batch_idx in range(8):
+        for r, (guard, trainer) in enumerate(zip(ranks, trainers)):
+            trainer.global_step = batch_idx
+            guard.on_train_batch_start(trainer, module, None, batch_idx)
+            loss = torch.tensor(float("nan") if (r, batch_idx) == (1, 1) else 1.0)
+            guard.on_before_backward(trainer, module, loss)
+            guard.on_before_optimizer_step(trainer, module, optimizers[r])
+        # Both ranks are at the same batch when either enters the all-reduce, as under DDP.
+        for r, (guard, trainer) in enumerate(zip(ranks, trainers)):
+            try:
+                guard.on_train_batch_end(trainer, module, None, None, batch_idx)
+            except NonFiniteLossError as err:
+                raised[r] = (batch_idx, str(err))
+        if any(raised):
+            break
+    # Rank 1's flag skipped its own steps from batch 1 on; rank 0 saw finite losses. Both stop at the first
+    # check (batch 3, after 4 batches), both naming rank 1's batch; 2 reduces in 4 batches, not 1 per batch.
+    assert [r[0] for r in raised] == [3, 3]
+    assert all("The training loss is nan at global step 1, epoch 0, batch 1" in r[1] for r in raised)
+    assert float(optimizers[1].found_inf) == 1.0 and float(optimizers[0].found_inf) == 0.0
+    assert strategy.calls == 2
 
 
 @pytest.mark.claim("ddp-eval-counted-once")

@@ -1,7 +1,8 @@
 """PitfallGuards: each faulty model gets one warning naming the culprit; a correct model gets none.
+NonFiniteLossGuard: a NaN loss never changes the weights, with the fused kernel's skip flag or the host fallback.
 
-Each test fails when its guard is removed: it unpacks exactly one PitfallWarning (no warning, or one per module the
-bad tensor passes through, both fail).
+Each PitfallGuards test fails when its guard is removed: it unpacks exactly one PitfallWarning (no warning, or one
+per module the bad tensor passes through, both fail).
 """
 
 import warnings
@@ -12,7 +13,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.callbacks import PitfallGuards
+from project.callbacks import NonFiniteLossGuard, PitfallGuards
+from project.callbacks.nonfinite_loss import NonFiniteLossError
 from project.callbacks.pitfall_guards import PitfallWarning
 from project.models import ConvNet
 from project.module import ClassificationModule
@@ -143,3 +145,68 @@ def test_batch_on_another_device_than_the_module():
 def test_parameters_unchanged_by_the_optimizer():
     (msg,) = fit_two_steps(FrozenInOptimizer(Head(), num_classes=10))
     assert "did not change" in msg and "model.fc.bias" in msg and "model.fc.weight" not in msg
+
+
+class NaNAt(ClassificationModule):
+    """Loss NaN at one optimizer step; AdamW fused (skip flag on the device) or not (the host fallback)."""
+
+    def __init__(self, fused: bool, nan_at: int = 2) -> None:
+        super().__init__(Head(), num_classes=10)
+        self.fused, self.nan_at = fused, nan_at
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step == self.nan_at else loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.01, fused=self.fused)
+
+
+class Snapshots(L.Callback):
+    """The weights after every training batch, and the batch index each hook saw last."""
+
+    def __init__(self) -> None:
+        self.after: list[dict] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.after.append({k: v.detach().clone() for k, v in pl_module.state_dict().items()})
+
+
+def fit_nan(fused: bool, guard: bool = True) -> tuple[L.LightningModule, Snapshots, BaseException | None]:
+    data = TensorDataset(torch.rand(24, 1, 8, 8), torch.randint(0, 10, (24,)))
+    snaps = Snapshots()
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[NonFiniteLossGuard()] * guard + [snaps],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    module = NaNAt(fused)
+    try:
+        trainer.fit(module, DataLoader(data, batch_size=4))  # 6 steps, NaN at step 2
+    except NonFiniteLossError as err:
+        return module, snaps, err
+    return module, snaps, None
+
+
+@pytest.mark.claim("nan-loss-stops-run")
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-skip-on-device", "host-fallback"])
+def test_nan_loss_never_reaches_the_weights(fused):
+    module, snaps, err = fit_nan(fused)
+    assert err is not None and "The training loss is nan at global step 2, epoch 0, batch 2" in str(err)
+    good = snaps.after[1]  # after step 1, the last good one
+    assert all(torch.equal(v, good[k]) for k, v in module.state_dict().items())
+    optimizer = module.trainer.optimizers[0]
+    assert {int(s["step"]) for s in optimizer.state.values()} == {2}  # the skipped steps did not count
+    assert not hasattr(optimizer, "found_inf")  # the skip flag does not outlive the run
+    if fused:  # skipped on the device: the run went on to the epoch's last batch (5), where the guard's host
+        # read, called before Snapshots' hook, stopped it
+        assert len(snaps.after) == 5
+    else:  # the host read before each step stopped it at the NaN step, before its batch end
+        assert len(snaps.after) == 2
+    # Without the guard the same run ends with NaN weights: the test above needs the guard to pass.
+    module, _, err = fit_nan(fused, guard=False)
+    assert err is None and not all(torch.isfinite(v).all() for v in module.state_dict().values())

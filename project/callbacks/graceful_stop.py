@@ -24,16 +24,30 @@ class GracefulStop(Callback):
     saves hpc_ckpt_<n>.ckpt into the run directory and requeues the job.
     Under DDP every rank stops at the same step, whichever ranks the signal reached (see `_agreed_signal`), and
     rank 0 alone prints.
+
+    Why not Lightning's stock handling: its SIGTERM handler sets `trainer.received_sigterm`, which ends the run
+    with exit code 0 and no checkpoint when the signal lands during validation, and under DDP broadcasts from
+    inside the signal handler (a hang, see on_train_start); SIGINT makes it stop without saving.
+
+    Args:
+        check_every_n_steps: under DDP, the ranks compare their signal flags every this many training batches
+            (one all-reduce of a scalar and a host read each time), so a signal takes effect up to this many
+            batches late. One process reads its own flag after every batch, which costs nothing.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self) -> None:
+    def __init__(self, check_every_n_steps: int = 10) -> None:
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
         self._received: int | None = None
         self._previous: dict = {}
+        self._since_check = 0
 
     def on_fit_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
         self._received = None
+        self._since_check = 0
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be installed from the main thread
         for sig in self.SIGNALS:
@@ -71,8 +85,12 @@ class GracefulStop(Callback):
     def on_train_batch_end(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
     ) -> None:
+        self._since_check += 1
         if batch_idx + 1 >= trainer.num_training_batches:
             return  # on an epoch's last batch, wait for the next epoch's first (see StepCheckpoint)
+        if trainer.world_size > 1 and self._since_check < self.check_every_n_steps:
+            return  # every rank counts the same batches: they all reach the next check together
+        self._since_check = 0
         signum = self._agreed_signal(trainer)
         if not signum:
             return
@@ -96,8 +114,8 @@ class GracefulStop(Callback):
         one step earlier or later than another's, or never. Saving is collective: a rank that entered
         save_checkpoint alone waited there while the others trained on, until the 10-minute collective timeout
         (seen with SIGTERM sent to rank 1 of `make train-ddp`). So the ranks agree on every step, taking the
-        highest signal number any of them received: one all-reduce of a scalar per step, only when there are
-        several processes.
+        highest signal number any of them received: one all-reduce of a scalar (and its host read) every
+        `check_every_n_steps` batches, only when there are several processes.
         """
         received = self._received or 0
         if trainer.world_size > 1:

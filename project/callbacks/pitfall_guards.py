@@ -21,7 +21,14 @@ class PitfallGuards(Callback):
     - parameters with no gradient after the first backward (an unused branch or layer);
     - parameters unchanged by the first optimizer step although they have a gradient (not in the optimizer).
 
-    Hooks are removed after the first step: no cost afterwards. A correct model gets no warning.
+    After the first step its module hooks are removed and it takes itself out of `trainer.callbacks` (a new list:
+    Lightning iterates the list it read, and removing from that one while a hook runs would skip the next
+    callback), so later steps do not even call into it. A correct model gets no warning. A second `fit` on the
+    same Trainer runs without it.
+
+    Why not Lightning's stock tools: ModelSummary lists parameters but not unregistered ones, and nothing in
+    Lightning warns about softmax outputs, float64 inputs, missing gradients or parameters left out of the
+    optimizer.
     """
 
     def __init__(self) -> None:
@@ -135,6 +142,7 @@ class PitfallGuards(Callback):
                 f"{', '.join(frozen[:5])}. They are probably missing from the optimizer (configure_optimizers) "
                 "or their learning rate is 0."
             )
+        trainer.callbacks = [c for c in trainer.callbacks if c is not self]
 
     def teardown(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
         self._remove_hooks()
