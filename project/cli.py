@@ -1,27 +1,32 @@
-"""`python -m project {fit,validate,test,predict,export,doctor}`: LightningCLI with run directories and argument links."""
+"""`python -m project {fit,validate,test}`: LightningCLI with run directories, argument links and readable errors.
 
-import os
+What `make train` does, top-down: project/__main__.py hands every command but the tools (predict, export, doctor)
+to `main` here; LightningCLI parses configs/default.yaml and the flags; `before_instantiate_classes` completes the
+parsed config (extra callbacks, then the run directory: project/run_dir.py); LightningCLI builds the data module,
+the module and the Trainer from it and runs the subcommand; the config's callbacks do the rest.
+"""
+
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from jsonargparse import ArgumentError, Namespace
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
+from project import run_dir
 from project.callbacks.log_config import LogConfig
 from project.checkpoint import check_checkpoint, read_checkpoint
 from project.console import drop_inapplicable_messages
 from project.data import ImageClassificationDataModule
 from project.distributed import describe_world, env_rank, quiet_non_zero_ranks, share_cpu_threads
-from project.errors import ConfigError, find_in_chain
-from project.loggers import configure_loggers
+from project.errors import ConfigError, exit_on_user_error
 from project.module import ClassificationModule
-from project.run_dir import RUN_DIR_ENV, check_writable, checkpoint_run, keep_csv_history, resolve_run_dir
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-SUBCOMMANDS = ("fit", "validate", "test")  # LightningCLI's; `predict` and the other TOOLS are ours
+SUBCOMMANDS = ("fit", "validate", "test")  # LightningCLI's; `predict` is a tool (project/__main__.py)
 
 
 def auto_precision() -> str:
@@ -32,7 +37,7 @@ def auto_precision() -> str:
 
 
 class ProjectCLI(LightningCLI):
-    """LightningCLI with run directories, data-to-model links, readable errors and the tools' dispatch.
+    """LightningCLI with run directories, data-to-model links and readable errors.
 
     Args (besides LightningCLI's):
         only_subcommands: build the parser of these subcommands only (build_cli passes the one on the command
@@ -42,6 +47,8 @@ class ProjectCLI(LightningCLI):
 
     def __init__(self, *args, only_subcommands: Sequence[str] | None = None, **kwargs) -> None:
         self.only_subcommands = tuple(only_subcommands) if only_subcommands else None
+        # LightningCLI parses sys.argv when given no args: the command line Lightning's DDP launcher re-runs.
+        self.parsed_sys_argv = kwargs.get("args") is None
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:  # LightningCLI calls it on the instance
@@ -60,7 +67,7 @@ class ProjectCLI(LightningCLI):
         parser.add_argument(
             "--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint."
         )
-        parser.add_argument(  # issue #4: a ModelCheckpoint takes steps or a time interval, not both, so its own flag
+        parser.add_argument(  # a ModelCheckpoint takes steps or a time interval, not both: its own flag
             "--checkpoint_every_n_steps",
             type=int,
             default=0,
@@ -81,11 +88,11 @@ class ProjectCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        # issue #4: LightningCLI next reads the checkpoint's hyperparameters (torch.load): a missing, truncated or
-        # foreign file must be one readable paragraph, not an unpickling traceback. mmap: only the index is read.
+        # LightningCLI next reads the checkpoint's hyperparameters (torch.load): a missing, truncated or foreign file
+        # must be one readable paragraph, not an unpickling traceback. mmap: only the index is read.
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and str(ckpt_path) not in ("last", "best", "hpc", "registry"):
+        if ckpt_path and str(ckpt_path) not in run_dir.LIGHTNING_CKPT_NAMES:
             read_checkpoint(ckpt_path, mmap=True)
 
     def _dump_config(self) -> None:
@@ -99,53 +106,31 @@ class ProjectCLI(LightningCLI):
             _add_missing_init_args(self.config_dump)
 
     def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        run_dir = resolve_run_dir(config.get("run_dir"), config.get("ckpt_path"))
-        trained = checkpoint_run(config.get("ckpt_path")) if self.subcommand != "fit" else None
-        if trained is not None and run_dir == trained:
-            # Evaluating a trained run's checkpoint: the run's config.yaml, metrics.csv, summary.json and report.png
-            # stay as training wrote them, and this evaluation writes its own into <run>/<subcommand>/.
-            run_dir = trained / self.subcommand
-        # where ModelCheckpoint writes and `--ckpt_path last` looks
-        checkpoints = (trained or run_dir) / "checkpoints"
-        check_writable(run_dir)  # issue #4: fail before training, not at the first checkpoint
-        config.run_dir = str(run_dir)
-        os.environ[RUN_DIR_ENV] = str(run_dir)
+        # The parsed config is completed here, before any class is built: flags that add callbacks first, then
+        # the run directory, which every writer in the config is pointed at (project/run_dir.py).
+        subcommand = (
+            self.subcommand or "fit"
+        )  # None: build_cli(run=False) parses a fit config without a subcommand
+        config = self.config[subcommand] if self.subcommand else self.config
         trainer = config.trainer
-        trainer.default_root_dir = str(run_dir)
-        # overlays append loggers (configs/logger/); see project/loggers.py
-        if isinstance(trainer.logger, list):
-            trainer.logger = configure_loggers(trainer.logger, run_dir)
-        for logger in trainer.logger if isinstance(trainer.logger, list) else []:
-            if "save_dir" in logger.init_args:
-                logger.init_args.save_dir = str(run_dir)
-        # let --trainer.enable_progress_bar false win over the YAML's bar
-        if trainer.enable_progress_bar is False:
-            trainer.callbacks = [
-                c for c in trainer.callbacks or [] if not c.class_path.endswith("ProgressBar")
+        if subcommand == "fit" and config.get("checkpoint_every_n_steps"):
+            trainer.callbacks = [*(trainer.callbacks or []), step_checkpoint(config.checkpoint_every_n_steps)]
+        run_dir.prepare(config, subcommand, command_line=self.parsed_sys_argv)
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        # `--trainer.enable_progress_bar false` wins over the bar in the YAML's callbacks (the Trainer would refuse
+        # the pair): the instantiated callbacks are checked by type, whatever class path named them.
+        trainer = self._get(self.config_init, "trainer", default={})
+        if trainer.get("enable_progress_bar") is False:
+            trainer["callbacks"] = [
+                c for c in trainer.get("callbacks") or [] if not isinstance(c, ProgressBar)
             ]
-        for callback in trainer.callbacks or []:
-            if (
-                callback.class_path.endswith(("ModelCheckpoint", "StepCheckpoint"))
-                and callback.init_args.get("dirpath") is None
-            ):
-                # A fixed folder (not Lightning's version_N) is what lets `--ckpt_path last` find it.
-                callback.init_args.dirpath = str(checkpoints)
-        # issue #4: keep the CSV history of a resumed run (and of anything else run in this directory before).
-        # (A resumed run keeps its W&B run through the id stored in the run dir: project/loggers.py.)
-        keep_csv_history(run_dir)
-        if self.subcommand == "fit":
-            self._fit_started = time.perf_counter()
-            # issue #4: mid-epoch `last` checkpoints every N steps.
-            if config.get("checkpoint_every_n_steps"):
-                trainer.callbacks = list(trainer.callbacks or []) + [
-                    step_checkpoint(run_dir, config.checkpoint_every_n_steps)
-                ]
+        return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
-        # issue #4: a truncated, foreign or other-architecture checkpoint is one readable paragraph.
+        # A truncated, foreign or other-architecture checkpoint is one readable paragraph, not a state_dict dump.
         ckpt_path = self.config.fit.get("ckpt_path")
-        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
+        if ckpt_path and ckpt_path not in run_dir.LIGHTNING_CKPT_NAMES:
             check_checkpoint(ckpt_path, self.model)
         if (
             self.config.fit.trainer.get("sync_batchnorm")
@@ -176,7 +161,7 @@ class ProjectCLI(LightningCLI):
 
     def after_test(self) -> None:
         if self.trainer.is_global_zero:  # Lightning has printed the metrics; say where the files went
-            print(f"Run directory: {self.trainer.default_root_dir}", flush=True)
+            print_run_dir(Path(self.trainer.default_root_dir))
 
     after_validate = after_test
 
@@ -193,9 +178,10 @@ def _add_missing_init_args(node) -> None:
             _add_missing_init_args(value)
 
 
-def step_checkpoint(run_dir: Path, every_n_steps: int) -> Namespace:
+def step_checkpoint(every_n_steps: int) -> Namespace:
+    """`--checkpoint_every_n_steps N`: a StepCheckpoint that also writes checkpoints/last.ckpt every N optimizer
+    steps, mid-epoch included (its dirpath is filled in with the other checkpoints' by project/run_dir.py)."""
     init = {
-        "dirpath": str(run_dir / "checkpoints"),
         "save_top_k": 0,
         "save_last": True,
         "every_n_train_steps": every_n_steps,
@@ -216,7 +202,13 @@ def print_summary(run_dir: Path) -> None:
         for key, value in json.loads(path.read_text()).items():
             table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
         Console().print(table)
-    print(f"Run directory: {run_dir}", flush=True)
+    print_run_dir(run_dir)
+
+
+def print_run_dir(run_dir: Path) -> None:
+    """The last line of a run: where its files went. A run that wrote nothing (fast_dev_run) names no directory."""
+    if run_dir.is_dir():
+        print(f"Run directory: {run_dir}", flush=True)
 
 
 def condense_parse_error(message: str) -> str:
@@ -236,16 +228,14 @@ def condense_parse_error(message: str) -> str:
     return "\n  ".join(lines)
 
 
-# Tools that run without a Trainer (issue #6): `predict` replaces LightningCLI's, which would need a predict
-# dataloader; each takes its own flags (`python -m project export --help`). Imported only when used.
-TOOLS = {"predict": "project.predict", "export": "project.export", "doctor": "project.doctor"}
-
-
-def build_cli(args: list[str] | None = None, run: bool = True) -> ProjectCLI:
-    """The CLI with this project's defaults; `run=False` parses and instantiates without running."""
+def build_cli(
+    args: list[str] | None = None, run: bool = True, cli_class: type[ProjectCLI] = ProjectCLI
+) -> ProjectCLI:
+    """The CLI with this project's defaults; `run=False` parses and instantiates without running.
+    `cli_class`: a ProjectCLI subclass (the doctor's stops after parsing)."""
     default_config = {"default_config_files": [str(CONFIG_DIR / "default.yaml")], "exit_on_error": False}
     subcommands = requested_subcommands(sys.argv[1:] if args is None else args) if run else SUBCOMMANDS
-    return ProjectCLI(
+    return cli_class(
         ClassificationModule,
         ImageClassificationDataModule,
         subclass_mode_model=True,
@@ -269,17 +259,12 @@ def requested_subcommands(argv: Sequence[str]) -> tuple[str, ...]:
 
 
 def main(args: list[str] | None = None) -> None:
-    inherited_run_dir = os.environ.get(RUN_DIR_ENV)
     argv = sys.argv[1:] if args is None else list(args)
     quiet_non_zero_ranks()  # DDP: rank 0 speaks for the run
     drop_inapplicable_messages()  # Lightning's ads; a CSVLogger warning the run dir always triggered
     try:
-        if argv and argv[0] in TOOLS:
-            import importlib
-
-            importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
-            return
-        build_cli(args)
+        with exit_on_user_error():  # a ConfigError (or running out of GPU memory): one paragraph, exit code 2
+            build_cli(args)
     except ArgumentError as err:
         print(
             f"\nerror: invalid arguments or config: {condense_parse_error(str(err))}\n"
@@ -288,27 +273,12 @@ def main(args: list[str] | None = None) -> None:
             flush=True,
         )
         sys.exit(2)
-    except torch.OutOfMemoryError as err:  # issue #4: the fix, not a CUDA allocator dump
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
-        print(
-            f"\nerror: out of GPU memory ({first[:160]}). Lower the batch size, e.g. --data.init_args.batch_size 32 "
-            "(the learning rate may need lowering with it), or use mixed precision: --trainer.precision bf16-mixed. "
-            "Resume the run with --ckpt_path last.\n",
-            file=sys.stderr,
-            flush=True,
-        )
-        sys.exit(2)
-    except Exception as err:
-        # jsonargparse wraps errors raised while instantiating a class (ValueError: "Does not validate against
-        # any of the Union subtypes"); dig out our own ConfigError so the user sees its one paragraph.
-        config_error = find_in_chain(err, ConfigError)
-        if config_error is None:
-            raise
-        print(f"\nerror: {config_error}\n", file=sys.stderr, flush=True)
-        sys.exit(2)
-    finally:  # a second run in this process (a notebook, a test) must get its own run directory
-        if inherited_run_dir is None:
-            os.environ.pop(RUN_DIR_ENV, None)
-        # ...and its own W&B run: WandbLogger would otherwise attach to the run still open (and flushed only at exit).
-        if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
-            sys.modules["wandb"].finish()
+    finally:
+        # A second run in this process (a notebook, a test, a sweep) starts its own W&B session: WandbLogger would
+        # attach to a run still open (flushed only at exit), and W&B's setup keeps the environment it first saw
+        # (WANDB_MODE, WANDB_BASE_URL, the key) and its service process for the rest of the process: finish() ends
+        # the run (and clears wandb.run, which teardown() alone leaves set), teardown() forgets the rest.
+        if (wandb := sys.modules.get("wandb")) is not None:
+            if wandb.run is not None:
+                wandb.finish()
+            wandb.teardown()

@@ -5,7 +5,7 @@
 - CSVLogger's "Experiment logs directory ... exists and is not empty. Previous log files in this directory will be
   deleted": the run directory always holds config.yaml and TensorBoard's files next to metrics.csv, so it fired on
   every run, and the only file CSVLogger deletes, an earlier metrics.csv, is kept as metrics.<n>.csv first
-  (project/cli.py keep_csv_history).
+  (project/run_dir.py keep_csv_history).
 - torch's FutureWarning "`isinstance(treespec, LeafSpec)` is deprecated": raised by Lightning's own code
   (lightning/pytorch/utilities/_pytree.py creates LeafSpec objects) on every fit with torch 2.14; nothing a user of
   the template can change.

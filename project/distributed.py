@@ -1,4 +1,5 @@
-"""Multi-process runs: a run name every rank agrees on, quiet non-zero ranks, and the one-line world summary."""
+"""Multi-process runs: the launcher's rank before DDP exists, quiet non-zero ranks, the CPU thread split, and the
+one-line world summary. (The run directory all ranks agree on: project/run_dir.py.)"""
 
 import logging
 import os
@@ -16,30 +17,6 @@ def env_rank() -> int:
     itself has only NODE_RANK, so that counts as non-zero too.
     """
     return rank_zero_only.rank or int(os.environ.get("NODE_RANK", "0") or 0)
-
-
-def launcher_run_name() -> str | None:
-    """A run directory name that every process of an externally launched job derives identically, or None.
-
-    torchrun and srun start every rank as an independent `python -m project`, each parsing the command line on its
-    own; a per-process `runs/<time>` could differ by a second between ranks, and nodes would not agree at all.
-    """
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id is not None:  # torchrun: its --rdzv_id ("none" unless set; --standalone makes a uuid)
-        return run_id if run_id != "none" else None
-    if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        # The job id survives a SLURM requeue, so a requeued job finds its hpc checkpoint in the same folder.
-        return f"slurm-{os.environ['SLURM_JOB_ID']}"
-    return None
-
-
-def launched_externally() -> str | None:
-    """'torchrun' or 'srun' when that launcher started this process as one of several, else None."""
-    if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return "torchrun"
-    if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        return "srun"
-    return None
 
 
 class _RankFormatter(logging.Formatter):

@@ -1,5 +1,9 @@
 """The one exception type the CLI turns into a readable paragraph instead of a traceback, and how to find it."""
 
+import contextlib
+import re
+import sys
+from collections.abc import Iterator
 from typing import TypeVar
 
 E = TypeVar("E", bound=BaseException)
@@ -20,5 +24,50 @@ def find_in_chain(err: BaseException | None, kind: type[E]) -> E | None:
         if isinstance(err, kind):
             return err
         seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def user_error_paragraph(err: BaseException) -> str | None:
+    """The paragraph to print for an error the user can fix (a ConfigError anywhere in err's chain, running out of
+    GPU memory), or None for anything else: a bug, whose traceback must show."""
+    torch = sys.modules.get(
+        "torch"
+    )  # not imported here: a tool that never loaded torch cannot run out of memory
+    if torch is not None and isinstance(err, torch.OutOfMemoryError):  # the fix, not a CUDA allocator dump
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
+        return (
+            f"out of GPU memory ({first[:160]}). Lower the batch size, e.g. --data.init_args.batch_size 32 "
+            "(the learning rate may need lowering with it), or use mixed precision: --trainer.precision bf16-mixed. "
+            "Resume the run with --ckpt_path last."
+        )
+    config_error = find_in_chain(err, ConfigError) or nondeterministic_op_error(err)
+    return None if config_error is None else str(config_error)
+
+
+@contextlib.contextmanager
+def exit_on_user_error() -> Iterator[None]:
+    """Print a user error as one paragraph on stderr and exit with code 2; let every other exception through."""
+    try:
+        yield
+    except Exception as err:
+        paragraph = user_error_paragraph(err)
+        if paragraph is None:
+            raise
+        print(f"\nerror: {paragraph}\n", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def nondeterministic_op_error(err: BaseException) -> ConfigError | None:
+    """torch's RuntimeError for an op without a deterministic kernel (under `deterministic: true`), with the fix."""
+    while err is not None:
+        found = re.search(r"(\S+) does not have a deterministic implementation", str(err))
+        if found:
+            return ConfigError(
+                f"{found[1]} has no deterministic implementation on this device, and the config asks for one "
+                "(trainer.deterministic: true, the default). Run with --trainer.deterministic warn to let it run "
+                "nondeterministically (a warning names it; runs may then differ in the last bits), or replace that "
+                "op in the model (for AdaptiveAvgPool2d, an input size that divides the output size exactly)."
+            )
         err = err.__cause__ or err.__context__
     return None

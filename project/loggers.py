@@ -1,4 +1,5 @@
-"""Logger choices resolved against the run directory: combinable overlays, and W&B online/offline + resume.
+"""Logger choices resolved against the run directory: combinable overlays, each logger's save_dir, and W&B
+online/offline + resume.
 
 Overlays in configs/logger/ append with `logger+:`; `configure_loggers` then keeps one logger per class (the
 last config's settings win), so `--config configs/logger/tensorboard.yaml` on top of the default is harmless.
@@ -9,30 +10,38 @@ import os
 import secrets
 import string
 import sys
-import time
 from pathlib import Path
-
-WANDB_ID_FILE = "wandb_id.txt"  # lets a resumed run (same run dir) continue the same W&B run
 
 
 def configure_loggers(loggers: list, run_dir: Path) -> list:
-    """Deduplicate by class and fill in what depends on the run dir (save_dir is set by the CLI)."""
+    """Deduplicate by class, and point each logger that has a save_dir at the run directory."""
     by_class: dict[str, object] = {}
     for logger in loggers:
         by_class[logger.class_path] = logger  # dicts keep the first position; the later config wins
     for logger in by_class.values():
+        if "save_dir" in logger.init_args:
+            logger.init_args.save_dir = str(run_dir)
         if logger.class_path.endswith("WandbLogger"):
             configure_wandb(logger.init_args, run_dir)
     return list(by_class.values())
 
 
 def configure_wandb(init_args, run_dir: Path) -> None:
+    """The run directory's W&B id, an absolute save_dir, and offline mode when no API key is configured.
+
+    save_dir is absolute: W&B's service process, once started by a first run in this process, outlives it and
+    resolves a relative directory against its own working directory, not the caller's.
+    Offline is asked for with W&B's own `mode="offline"`, not WandbLogger's `offline=True`: Lightning implements
+    that flag by setting WANDB_MODE=dryrun in os.environ, which a second run in the same process (a notebook, a
+    test, a sweep) would then read as the user's explicit choice.
+    """
+    init_args.save_dir = str(Path(run_dir).absolute())
     if init_args.get("id") is None and init_args.get("version") is None:
         init_args.id = wandb_run_id(run_dir)
-    if os.environ.get("WANDB_MODE") or init_args.get("offline"):
+    if os.environ.get("WANDB_MODE") or init_args.get("offline") or init_args.get("mode"):
         return  # the user chose a mode explicitly
     if not wandb_key_configured():
-        init_args.offline = True
+        init_args.mode = "offline"
         print(
             f"wandb: no API key (WANDB_API_KEY or `wandb login`), so logging offline to {run_dir}/wandb. "
             f"Upload later with: wandb sync {run_dir}/wandb/offline-run-*",
@@ -42,21 +51,17 @@ def configure_wandb(init_args, run_dir: Path) -> None:
 
 
 def wandb_run_id(run_dir: Path) -> str:
-    """The run dir's W&B id: read back when the run dir is reused (resume), else created and stored."""
-    path = Path(run_dir) / WANDB_ID_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-    try:
-        with path.open("x") as fh:  # exclusive create: concurrent ranks agree on the first id written
-            fh.write(new + "\n")
-    except FileExistsError:
-        pass
-    for _ in range(100):  # another rank may have created the file and not yet written its id into it
-        if run_id := path.read_text().strip():
-            return run_id
-        time.sleep(0.01)
-    path.write_text(new + "\n")  # still empty after 1 s: its writer died between creating and writing it
-    return new
+    """The W&B id of the run that last logged into this run directory (a resume continues it), else a new one.
+
+    Read back from the folders W&B itself writes, `<run dir>/wandb/[offline-]run-<YYYYmmdd_HHMMSS>-<id>`, so that
+    nothing is written before the run starts: a start that fails leaves no directory behind. Only rank 0 opens the
+    W&B run (WandbLogger's experiment is rank-zero-only), so the ids the other ranks draw are never used.
+    """
+    folders = [p for p in Path(run_dir, "wandb").glob("*run-*-*") if p.is_dir() and not p.is_symlink()]
+    if folders:
+        newest = max(folders, key=lambda p: p.name.rsplit("-", 2)[-2])  # by the timestamp in the name
+        return newest.name.rsplit("-", 1)[1]
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 def wandb_key_configured() -> bool:

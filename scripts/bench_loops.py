@@ -22,7 +22,6 @@ from project.cli import CONFIG_DIR, ProjectCLI
 from project.data import ImageClassificationDataModule
 from project.models import ConvNet
 from project.module import ClassificationModule
-from project.run_dir import RUN_DIR_ENV
 from project.schedule import warmup_cosine
 
 DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
@@ -161,7 +160,6 @@ def template_run(
                     args=args,
                 )
             finally:
-                os.environ.pop(RUN_DIR_ENV, None)
                 sys.argv = argv
         clock, trainer = cli.clock, cli.trainer
         steps = trainer.num_training_batches

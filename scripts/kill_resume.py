@@ -116,7 +116,6 @@ def _env() -> dict:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     )
-    env.pop("PROJECT_RUN_DIR", None)
     return env
 
 

@@ -94,7 +94,6 @@ def env_for(tree: Path) -> dict:
     # copy first, for pytest and for every subprocess a test starts (python -m project ...).
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
-    env.pop("PROJECT_RUN_DIR", None)
     return env
 
 

@@ -11,13 +11,15 @@
 #   --node_rank R          this node's rank, 0..N-1 (default 0)
 #   --master_addr HOST     address of node 0, reachable from every node (default 127.0.0.1)
 #   --master_port PORT     free TCP port on node 0 (default 29500)
-#   --run_id NAME          run directory runs/NAME; required with several nodes, the same on all of them
+#   --run_id NAME          run directory runs/NAME (torchrun's --rdzv_id); required with several nodes, the same
+#                          on all of them
 #   --config FILE          training config (default configs/default.yaml; configs/ddp.yaml is always added)
 # Everything after `--` goes to `python -m project fit`.
 #
-# Every rank parses the command line on its own, so the run directory is fixed here, once, in
-# PROJECT_RUN_DIR (a per-process timestamp could differ between ranks). Lightning checks that
-# --trainer.devices x --trainer.num_nodes equals torchrun's world size; this script sets both from the options.
+# Every rank parses the command line on its own, so the run directory is named here, once: torchrun hands
+# --rdzv_id to every rank, which writes to runs/<rdzv_id> (a per-process timestamp could differ between ranks).
+# Lightning checks that --trainer.devices x --trainer.num_nodes equals torchrun's world size; this script sets both
+# from the options.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +49,6 @@ if [[ -z "$run_id" ]]; then
   fi
   run_id=$(date +%Y%m%d-%H%M%S)
 fi
-export PROJECT_RUN_DIR=${PROJECT_RUN_DIR:-runs/$run_id}
 PY=${PY:-python}
 
 exec "$PY" -m torch.distributed.run \

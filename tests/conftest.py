@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from project.cli import main
-from project.run_dir import RUN_DIR_ENV
+from project.__main__ import main
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
@@ -61,8 +60,6 @@ def run_cli(*args: str) -> int:
         main([str(a) for a in args])
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 1
-    finally:
-        os.environ.pop(RUN_DIR_ENV, None)
     return 0
 
 
@@ -70,27 +67,17 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
-@pytest.fixture(autouse=True)
-def no_inherited_run_dir(monkeypatch):
-    """Each test starts without PROJECT_RUN_DIR: a test that builds the CLI itself (build_cli, not main) leaves the
-    run directory it resolved in os.environ, and the next run in this process, or a launcher it starts, would
-    reuse it (seen: a torchrun.sh test got an earlier test's run directory). monkeypatch restores the variable as
-    it was before the test (normally: unset) at teardown, whatever the test set."""
-    monkeypatch.delenv(RUN_DIR_ENV, raising=False)
-
-
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run from an empty directory, so runs/ lands in tmp_path."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(RUN_DIR_ENV, raising=False)
     return tmp_path
 
 
 # -- The README's commands as a user types them (tests/test_readme.py, and the session's finished run) ---------
 
 # What `make` needs from a clone. A user checkout links these to the repository and has its own runs/.
-CHECKOUT_ENTRIES = ("Makefile", "configs", "project", "pyproject.toml", "scripts", ".venv")
+CHECKOUT_ENTRIES = ("Makefile", "configs", "constraints.txt", "project", "pyproject.toml", "scripts", ".venv")
 # A README command's launch may take this long (seconds) before its process group is killed: a hang fails the
 # test instead of blocking the suite. The slowest launch here, `make train-ddp` on 2 CPU processes, took 20-40 s
 # on 2 CPU cores (AMD EPYC, 2026-12-01) while other suites shared them; 5 minutes leaves room for a slower machine.
@@ -138,12 +125,15 @@ MAKE_VARIABLES = (
     "NODES",
     "CKPT",
     "INPUT",
+    "SPACE",
+    "WORKERS",
+    "INSTALL",
 )
 
 
 def user_environment() -> dict[str, str]:
-    """This process's environment as a user's shell would have it: no run directory, nothing inherited from make."""
-    return {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV and k not in MAKE_VARIABLES}
+    """This process's environment as a user's shell would have it: nothing inherited from make."""
+    return {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
 
 
 @functools.cache

@@ -32,6 +32,9 @@ class SampleProbe(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         self.record["world_size"] = trainer.world_size
+        self.record["run_dir"] = (
+            trainer.default_root_dir
+        )  # the run directory this rank's command line resolved
         self.record["threads"] = torch.get_num_threads()
         self.record["omp_num_threads_env"] = os.environ.get("OMP_NUM_THREADS")
         if dist.is_available() and dist.is_initialized():

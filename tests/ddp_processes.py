@@ -27,7 +27,7 @@ QUICK_DEADLINE_S = 30
 
 def env_for_children() -> dict:
     # The checkout's `project` and `tests`, whatever directory the processes run in.
-    env = {k: v for k, v in os.environ.items() if k != "PROJECT_RUN_DIR"}
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     # CPU processes with gloo, as the README's guarantees are tested, on a machine with GPUs too (the commands
     # pick the accelerator themselves: `auto`).

@@ -54,7 +54,9 @@ def ranks(probe_dir: Path) -> list[dict]:
 
 
 def configured_lr() -> float:
-    return yaml.safe_load((CONFIGS / "default.yaml").read_text())["model"]["init_args"]["lr"]
+    """configs/default.yaml's learning rate: the optimizer's (or, in older configs, the module's own `lr`)."""
+    module = yaml.safe_load((CONFIGS / "default.yaml").read_text())["model"]["init_args"]
+    return module["optimizer"]["init_args"]["lr"] if "optimizer" in module else module["lr"]
 
 
 def ddp_yaml_timeout_s() -> float:
@@ -84,6 +86,7 @@ def assert_disjoint_reshuffled_shards(r0: dict, r1: dict, epochs: int, sampler: 
 
 @pytest.mark.claim(
     "ddp-make-train-ddp",
+    "ddp-one-run-dir",
     "ddp-rank-zero-writes",
     "ddp-disjoint-shards",
     "ddp-eval-counted-once",
@@ -159,6 +162,10 @@ def test_make_train_ddp_two_cpu_processes(tmp_path):
 
     r0, r1 = ranks(tmp_path / "probe")
     assert r0["world_size"] == r1["world_size"] == 2
+    # Rank 1, started by Lightning with rank 0's command line, resolved the same run directory (not a timestamp
+    # of its own, a few seconds later). Lightning broadcasts rank 0's log and checkpoint folders, which hides a
+    # mismatch everywhere else.
+    assert r0["run_dir"] == r1["run_dir"] == f"runs/{run.name}"
     # lr_scaling linear: each rank's optimizer was built with lr x world size (the same product: exact).
     assert r0["initial_lrs"] == r1["initial_lrs"] == [lr * 2, lr * 2]  # 2 groups: decay / no decay
     # The cores split between the 2 processes (OMP_NUM_THREADS unset): without the split each would run
@@ -208,10 +215,11 @@ def replay_inputs(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, dict]:
 @pytest.mark.timeout(TEST_DEADLINE_S)
 def test_two_torchrun_nodes_train_together_and_match_one_process_bit_for_bit(tmp_path):
     epochs = 4  # 80 optimizer steps: the 20-step warmup and part of the cosine
+    # --run_id two-nodes: every rank of both nodes derives runs/two-nodes from torchrun's rendezvous id.
     port, run_dir = free_port(), tmp_path / "runs" / "two-nodes"
     # Two "nodes" of one process each on one machine: one thread each, or they oversubscribe the cores
     # (the CLI splits the cores only between the processes of one node).
-    env = env_for_children() | {"PY": sys.executable, "PROJECT_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1"}
+    env = env_for_children() | {"PY": sys.executable, "OMP_NUM_THREADS": "1"}
     flags = [
         "--",
         *QUIET,
@@ -269,6 +277,7 @@ def test_two_torchrun_nodes_train_together_and_match_one_process_bit_for_bit(tmp
     ]
 
     r0, r1 = ranks(tmp_path / "probe")
+    assert r0["run_dir"] == r1["run_dir"] == "runs/two-nodes"  # each node's rank named it alike
     assert_disjoint_reshuffled_shards(
         r0, r1, epochs, sampler="DistributedSamplerWrapper", train_size=TRAIN_DEFAULT_SPLIT
     )

@@ -100,7 +100,7 @@ def test_slurm_job_saves_on_sigusr1_requeues_and_resumes_in_the_same_run_dir(tmp
         "PY": sys.executable,
         "OMP_NUM_THREADS": "1",  # 2 tasks on this machine's cores; the thread split is tested in test_ddp.py
     }
-    for var in [v for v in env if v.startswith(("SLURM_", "MASTER_", "TORCHELASTIC_"))] + ["PROJECT_RUN_DIR"]:
+    for var in [v for v in env if v.startswith(("SLURM_", "MASTER_", "TORCHELASTIC_"))]:
         env.pop(var, None)
     epochs, usr1_step = 2, 7  # SIGUSR1 mid-epoch 0 (20 steps an epoch): the rerun must resume mid-epoch too
     cmd = [
@@ -144,5 +144,6 @@ def test_slurm_job_saves_on_sigusr1_requeues_and_resumes_in_the_same_run_dir(tmp
     # The rerun continued from the signal's step on both ranks, and finished the run.
     r0, r1 = (json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["start_step"] == r1["start_step"] == usr1_step
+    assert r0["run_dir"] == r1["run_dir"] == f"runs/slurm-{job}"  # each task named it from the job id
     summary = json.loads((run / "summary.json").read_text())
     assert summary["global_step"] == epochs * 20 and summary["epochs"] == epochs  # 20 steps per epoch

@@ -1,9 +1,14 @@
 """DDP logic that needs no second process: run directories under launchers, eval sharding, lr scaling, the
 launchers' device count, sync_batchnorm on CPU, and the bit-for-bit comparison the equivalence test relies on."""
 
+import functools
+import importlib
 import multiprocessing
 import os
+import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,14 +25,20 @@ from tests.ddp_probe import PlainCNN
 from tests.ddp_processes import QUICK_DEADLINE_S
 from tests.ddp_replay import interleaved, replay, weight_difference
 
-LAUNCHER_VARS = ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID")
+LAUNCHER_VARS = (
+    "TORCHELASTIC_RUN_ID",
+    "WORLD_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_JOB_ID",
+    "SLURM_RESTART_COUNT",
+)
 
 
 @pytest.fixture
 def no_launcher(monkeypatch):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv("PROJECT_RUN_DIR", raising=False)
     return monkeypatch
 
 
@@ -40,18 +51,38 @@ def test_torchrun_ranks_derive_the_same_run_dir_from_the_rendezvous_id(no_launch
 
 
 @pytest.mark.claim("ddp-slurm-requeue")
-def test_srun_tasks_share_a_run_dir_per_job(no_launcher):
+def test_srun_tasks_share_a_run_dir_per_job(no_launcher, in_tmp):
     no_launcher.setenv("SLURM_PROCID", "3")
     no_launcher.setenv("SLURM_NTASKS", "8")
     no_launcher.setenv("SLURM_JOB_ID", "4242")
     assert str(resolve_run_dir(None, None)) == "runs/slurm-4242"
 
 
+@pytest.mark.claim("ddp-one-run-dir")
+def test_lightning_launched_ranks_get_the_run_dir_on_their_command_line(no_launcher, in_tmp):
+    # `make train-ddp`: Lightning starts ranks 1.. by re-running sys.argv. Rank 0 appends the directory it chose,
+    # so a rank started seconds later parses the same one instead of a timestamp of its own; no environment
+    # variable carries it (one would stay set for a second run in this process), and nothing is created yet.
+    from project.cli import build_cli
+
+    no_launcher.setattr(sys, "argv", ["project", "--trainer.max_epochs", "1", "--test_after_fit", "false"])
+    rank0 = build_cli(run=False)  # parses sys.argv, as `python -m project fit ...` does
+    chosen = rank0.config.run_dir
+    assert re.fullmatch(r"runs/\d{8}-\d{6}(-\d+)?", chosen) and sys.argv[-2:] == ["--run_dir", chosen]
+    assert chosen not in os.environ.values() and not (in_tmp / "runs").exists()
+    time.sleep(1.1)  # a new second: a rank choosing for itself would now get another timestamp
+    child = build_cli(run=False)
+    assert child.config.run_dir == chosen and sys.argv.count("--run_dir") == 1
+    # A run given its arguments as a list (a notebook, a test) leaves sys.argv alone.
+    build_cli(["--trainer.max_epochs", "1"], run=False)
+    assert sys.argv.count("--run_dir") == 1
+
+
 @pytest.mark.claim("ddp-torchrun-run-name")
 def test_torchrun_without_a_run_name_is_an_error_that_names_the_fix(no_launcher):
     no_launcher.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default --rdzv_id
     no_launcher.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="--run_dir|PROJECT_RUN_DIR"):
+    with pytest.raises(ConfigError, match="--run_dir"):
         resolve_run_dir(None, None)
 
 
@@ -98,7 +129,9 @@ def test_val_and_test_shards_cover_each_sample_exactly_once(in_memory):
         seen = []
         for rank in range(3):  # 145 and 361 samples over 3 ranks: uneven shards
             cpu = SimpleNamespace(root_device=torch.device("cpu"))
-            data.trainer = SimpleNamespace(world_size=3, global_rank=rank, strategy=cpu, overfit_batches=0)
+            data.trainer = SimpleNamespace(
+                world_size=3, num_devices=3, global_rank=rank, strategy=cpu, overfit_batches=0
+            )
             loader = getattr(data, f"{stage}_dataloader")()
             seen += list(loader.sampler)
         size = len(getattr(data, f"{stage}_set"))
@@ -107,9 +140,12 @@ def test_val_and_test_shards_cover_each_sample_exactly_once(in_memory):
 
 @pytest.mark.claim("ddp-lr-scaling")
 def test_lr_scaling_linear_multiplies_by_world_size():
-    module = ClassificationModule(PlainCNN(10), num_classes=10, lr=0.001)
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=0.001)
+
+    module = ClassificationModule(PlainCNN(10), num_classes=10, optimizer=adamw)
     assert module.scaled_lr(8) == 0.001  # default: the lr as configured, untouched
-    linear = ClassificationModule(PlainCNN(10), num_classes=10, lr=0.001, lr_scaling="linear")
+    linear = ClassificationModule(PlainCNN(10), num_classes=10, optimizer=adamw, lr_scaling="linear")
     assert linear.scaled_lr(8) == 0.001 * 8  # the same product the module computes: exact equality
     optimizer = linear.configure_optimizers()["optimizer"]  # outside a Trainer: world size 1
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["lr"] == 0.001
@@ -124,11 +160,10 @@ def _stand_ins(tmp_path: Path, gpus: int) -> dict:
     lines = "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: GPU-{i})'\n" for i in range(gpus))
     smi.write_text("#!/usr/bin/env bash\n" + (lines if gpus else "exit 9\n"))
     echo = bin_dir / "echo-python"
-    echo.write_text('#!/usr/bin/env bash\necho "PROJECT_RUN_DIR=$PROJECT_RUN_DIR $*"\n')
+    echo.write_text('#!/usr/bin/env bash\necho "$*"\n')
     for f in (smi, echo):
         f.chmod(0o755)
-    # Without PROJECT_RUN_DIR (torchrun.sh keeps an inherited one: a node of a run already named) and without
-    # what `make test ARGS=...` passes down to every make (NPROC among them).
+    # Without what `make test ARGS=...` passes down to every make (NPROC among them).
     env = user_environment()
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PY": str(echo)}
 
@@ -162,9 +197,10 @@ def test_make_and_torchrun_sh_start_one_process_per_gpu_or_two_without(tmp_path)
         assert one_node.returncode == 0, one_node.stderr
         procs = "2" if gpus == 0 else str(gpus)  # torchrun.sh: the GPU count, or 2 CPU processes
         words = one_node.stdout.split()
-        run_id = words[words.index("--rdzv_id") + 1]  # a timestamp: one node needs no --run_id
-        assert words[0] == f"PROJECT_RUN_DIR=runs/{run_id}"
-        assert " ".join(words[1:]).startswith(
+        # a timestamp: one node needs no --run_id. Every rank names its run directory runs/<rendezvous id>.
+        run_id = words[words.index("--rdzv_id") + 1]
+        assert re.fullmatch(r"\d{8}-\d{6}", run_id), run_id
+        assert one_node.stdout.startswith(
             f"-m torch.distributed.run --nnodes 1 --nproc_per_node {procs} --node_rank 0 "
         )
         assert f"--trainer.devices {procs} --trainer.num_nodes 1 --trainer.max_epochs 5" in one_node.stdout
@@ -176,9 +212,7 @@ def test_make_and_torchrun_sh_start_one_process_per_gpu_or_two_without(tmp_path)
     second = subprocess.run(
         [*nodes, "--run_id", "exp1"], env=env, capture_output=True, text=True, timeout=QUICK_DEADLINE_S
     ).stdout
-    assert second.startswith(
-        "PROJECT_RUN_DIR=runs/exp1 -m torch.distributed.run --nnodes 2 --nproc_per_node 8"
-    )
+    assert second.startswith("-m torch.distributed.run --nnodes 2 --nproc_per_node 8")
     assert "--node_rank 1 --master_addr 10.0.0.1" in second and "--rdzv_id exp1" in second
     # devices x num_nodes = torchrun's world size
     assert "--trainer.devices 8 --trainer.num_nodes 2" in second
@@ -212,6 +246,11 @@ def test_sync_batchnorm_is_off_in_ddp_yaml_and_on_cpu_an_error_naming_the_fix(in
     assert not (in_tmp / "runs").exists() or not list((in_tmp / "runs").rglob("*.ckpt"))
 
 
+def configured_class(entry: dict) -> type:
+    module, name = entry["class_path"].rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
 class SummedLoss(ClassificationModule):
     """The loss a sum over 2 ranks' gradients gives where the mean was meant: twice the mean."""
 
@@ -234,7 +273,13 @@ def test_the_replay_comparison_catches_a_sum_instead_of_a_mean():
     epochs = interleaved(ranks, 32)
     config = yaml.safe_load((CONFIGS / "default.yaml").read_text())["model"]["init_args"]
     hparams = {
-        k: config[k] for k in ("lr", "weight_decay", "warmup_epochs", "label_smoothing", "channels_last")
+        "optimizer": functools.partial(
+            configured_class(config["optimizer"]), **config["optimizer"]["init_args"]
+        ),
+        "scheduler": functools.partial(
+            configured_class(config["scheduler"]), **config["scheduler"]["init_args"]
+        ),
+        **{k: config[k] for k in ("label_smoothing", "channels_last")},
     }
 
     def train(module_class) -> dict:

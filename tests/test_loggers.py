@@ -3,6 +3,7 @@
 import csv
 import glob
 import itertools
+import os
 import struct
 from pathlib import Path
 
@@ -12,8 +13,9 @@ import yaml
 from jsonargparse import Namespace
 
 from project.callbacks.log_config import REDACTED, redact
+from project.checkpoint import read_checkpoint
 from project.data import ImageClassificationDataModule
-from project.inference import build_model, load_checkpoint
+from project.inference import build_model
 from project.loggers import configure_loggers, configure_wandb, wandb_key_configured, wandb_run_id
 from tests.conftest import CONFIGS, read_summary
 from tests.trained_run import FAKE_WANDB_KEY, trained_run
@@ -49,7 +51,7 @@ def test_csv_and_hparams(run_dir):
     } <= set(rows[0])  # fmt: skip
     assert any(r.get("val/acc") for r in rows) and any(r.get("test/acc") for r in rows)
     hparams = yaml.full_load((run_dir / "hparams.yaml").read_text())  # has !!python/tuple
-    model = build_model(load_checkpoint(run_dir / "checkpoints/last.ckpt"))
+    model = build_model(read_checkpoint(run_dir / "checkpoints/last.ckpt"))
     assert (
         hparams["params"]["total"]
         == hparams["params"]["trainable"]
@@ -79,7 +81,7 @@ def test_logged_accuracy_values_in_metrics_csv(run_dir):
         (summary["last_checkpoint"], data.val_dataloader(), DEBUG["limit_val_batches"], val[-1], "val"),
         (summary["best_checkpoint"], data.test_dataloader(), DEBUG["limit_test_batches"], test, "test"),
     ):
-        module = build_model(load_checkpoint(ckpt))
+        module = build_model(read_checkpoint(ckpt))
         top1 = top5 = n = 0
         with torch.inference_mode():
             for x, y in itertools.islice(loader, limit):
@@ -113,7 +115,7 @@ def _wandb_records(path: Path):
 
 @pytest.mark.claim("wandb-offline-without-key")
 def test_wandb_offline_run_holds_metrics_and_config(run_dir):
-    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    run_id = wandb_run_id(run_dir)  # read back from W&B's own folder, as a resume does
     (log,) = glob.glob(str(run_dir / f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
     metrics, config = set(), {}
     for r in _wandb_records(Path(log)):
@@ -149,12 +151,18 @@ def test_wandb_offline_without_key_and_same_id_on_reuse(tmp_path, monkeypatch, c
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "absent"))
     assert not wandb_key_configured()
-    args = Namespace(offline=False, id=None, version=None)
+    args = Namespace(offline=False, mode=None, id=None, version=None, save_dir="runs")
     configure_wandb(args, tmp_path / "run")
-    assert args.offline is True and "wandb sync" in capsys.readouterr().err
-    assert (
-        args.id == wandb_run_id(tmp_path / "run") != wandb_run_id(tmp_path / "other")
-    )  # resume reuses the id
+    # W&B's own mode: Lightning's offline=True would set WANDB_MODE in os.environ for every later run
+    assert args.mode == "offline" and args.offline is False and "WANDB_MODE" not in os.environ
+    assert "wandb sync" in capsys.readouterr().err
+    assert args.save_dir == str(tmp_path / "run")  # absolute: W&B's service resolves it in its own directory
+    assert not (tmp_path / "run").exists()  # nothing written before the run starts
+    # A resume (the same run dir) reuses the id of the W&B run logged there, found in W&B's own folder.
+    (tmp_path / f"run/wandb/offline-run-20261201_101500-{args.id}").mkdir(parents=True)
+    resumed = Namespace(offline=False, mode=None, id=None, version=None, save_dir="runs")
+    configure_wandb(resumed, tmp_path / "run")
+    assert resumed.id == args.id != wandb_run_id(tmp_path / "other")
     (tmp_path / "netrc").write_text("machine api.wandb.ai login user password k3y\n")
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     assert wandb_key_configured()

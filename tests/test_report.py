@@ -17,7 +17,8 @@ from PIL import Image
 
 from project.callbacks.report import render, report_figure
 from project.data import ImageClassificationDataModule
-from project.inference import build_model, load_checkpoint
+from project.checkpoint import read_checkpoint
+from project.inference import build_model
 from tests.trained_run import trained_run
 
 CURVES = ("train/loss", "val/loss", "train/acc", "val/acc")  # README: loss and accuracy per epoch
@@ -40,7 +41,7 @@ def _expected(run_dir: Path) -> dict:
                 epochs.setdefault(int(row["epoch"]), {})[key] = float(row[key])
     # Learning rates per step: RunReport's record in last.ckpt, checked against LearningRateMonitor's
     # (one per epoch start).
-    lrs_by_step = load_checkpoint(summary["last_checkpoint"])["callbacks"]["RunReport"]["lrs"]
+    lrs_by_step = read_checkpoint(summary["last_checkpoint"])["callbacks"]["RunReport"]["lrs"]
     assert sorted(lrs_by_step) == list(range(summary["global_step"]))
     monitored = [r for r in rows if r.get("lr-AdamW/pg1")]
     assert len(monitored) == summary["epochs"]
@@ -50,7 +51,7 @@ def _expected(run_dir: Path) -> dict:
     # The test stage's predictions: the best checkpoint on the run's test batches, through its test_step.
     data = ImageClassificationDataModule(**config["data"]["init_args"])
     data.setup("test")
-    module = build_model(load_checkpoint(summary["best_checkpoint"]))
+    module = build_model(read_checkpoint(summary["best_checkpoint"]))
     module.setup("test")  # channels_last, as in the run
     n = len(data.class_names)
     confusion, wrong = np.zeros((n, n), dtype=np.int64), []
@@ -127,7 +128,9 @@ def test_report_same_image_in_tensorboard_and_wandb(run_dir):
     assert len(events) == 2  # after fit and after test
     last_tb = np.asarray(Image.open(io.BytesIO(events[-1].encoded_image_string)).convert("RGB"))
     assert np.array_equal(last_tb, drawn)
-    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    from project.loggers import wandb_run_id  # the id W&B's own folder under the run dir records
+
+    run_id = wandb_run_id(run_dir)
     media = glob.glob(str(run_dir / f"wandb/offline-run-*-{run_id}/files/media/images/report_*.png"))
     assert len(media) == 2  # W&B names each image report_<its step>_<hash>.png
     last_wandb = max(media, key=lambda p: int(Path(p).name.split("_")[1]))

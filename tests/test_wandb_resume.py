@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from project.run_dir import RUN_DIR_ENV
 from tests.conftest import CONFIGS, read_summary, run_cli
 from tests.test_loggers import _wandb_records
 
@@ -28,16 +27,11 @@ FIT = ["fit", "--config", CONFIGS / "default.yaml", "--trainer.logger", "null",
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     """One W&B-only fit stopped after its first epoch, then resumed to the end; returns the run directory."""
-    import wandb
-
     root = tmp_path_factory.mktemp("wandb_only")
-    # W&B's service process, started by an earlier W&B run of this test process, resolves a relative run
-    # directory (runs/<time>/wandb) against its own working directory, not this one: stop it, as each `make`
-    # command would.
-    wandb.teardown()
+    # W&B's service process may have been started by an earlier W&B run of this test process, in another working
+    # directory: the CLI hands W&B an absolute run directory, so this run's files still land in this one.
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
-        mp.delenv(RUN_DIR_ENV, raising=False)
         # No key anywhere and no WANDB_MODE: the overlay itself must choose offline mode (README).
         for var in ("WANDB_MODE", "WANDB_API_KEY"):
             mp.delenv(var, raising=False)
@@ -48,16 +42,12 @@ def runs(tmp_path_factory) -> Path:
         mp.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
         mp.setenv("WANDB_INIT_TIMEOUT", "20")  # seconds; bounds only that failure, not a passing run
         err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                assert run_cli(*FIT, "--trainer.max_epochs", "1") == 0
-                (run_dir,) = (root / "runs").iterdir()
-                assert read_summary(run_dir)["epochs"] == 1
-                # Lightning's WandbLogger sets WANDB_MODE=dryrun in its process; `make resume` is a new one.
-                mp.delenv("WANDB_MODE", raising=False)
-                assert run_cli(*FIT, "--ckpt_path", "last") == 0  # the most recent run, in its own directory
-        finally:
-            wandb.teardown()  # the next W&B user gets a service started in its own directory
+        with contextlib.redirect_stderr(err):
+            assert run_cli(*FIT, "--trainer.max_epochs", "1") == 0
+            (run_dir,) = (root / "runs").iterdir()
+            assert read_summary(run_dir)["epochs"] == 1
+            # The same process, as a notebook would: the first run left no WANDB_MODE behind to decide this one.
+            assert run_cli(*FIT, "--ckpt_path", "last") == 0  # the most recent run, in its own directory
     assert list((root / "runs").iterdir()) == [run_dir]
     hints = [line for line in err.getvalue().splitlines() if "logging offline" in line]
     assert len(hints) == 2 and all(
