@@ -9,6 +9,8 @@
 #   make doctor                is this machine ready to train?
 # The environment: the active virtualenv or conda env if there is one, else ./.venv (created here).
 # Packages are (re)installed only when pyproject.toml or constraints.txt changed.
+# INSTALL=0 (make train INSTALL=0, ...) installs nothing: it checks that the environment satisfies pyproject.toml
+# and lists what is missing, so a cluster's own conda env keeps its torch (scripts/check_env.py).
 
 SHELL  := /bin/bash
 PYTHON ?= python3
@@ -27,6 +29,10 @@ ENV_DIR := .venv
 endif
 PY    := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.project-installed
+INSTALL ?= 1
+ifeq ($(INSTALL)$(wildcard $(PY)),0)  # INSTALL=0 without an env or ./.venv: the Python on PATH
+PY := $(PYTHON)
+endif
 
 .PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick mutants
 
@@ -38,9 +44,15 @@ $(PY):
 
 # Bytecode is compiled at install time (pip's default): without .pyc files, importing torch + lightning
 # takes ~20 s instead of ~7 s when PYTHONDONTWRITEBYTECODE is set.
+ifeq ($(INSTALL),0)
+.PHONY: $(STAMP)
+$(STAMP):
+	$(PY) scripts/check_env.py
+else
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,export,report]"
 	@touch $(STAMP)
+endif
 
 install: $(STAMP)  ## create/refresh the environment
 

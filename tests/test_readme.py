@@ -121,6 +121,13 @@ COMMANDS = {
     PRESET: "test_debug_preset",
     FINETUNE: "not run here: resnet18 at 224 pixels from a local .pth cost 24 CPU s, more than any other command "
     "(2026-12-01, AMD EPYC, 2 cores); tests/test_finetune.py runs configs/finetune.yaml with local weights in-process",
+    "make train INSTALL=0": "not run here: tests/test_gpu_check.py runs `make -n train INSTALL=0` (the check, then "
+    "the same fit as test_make_train) and the check itself against this environment",
+    "scripts/gpu_check.sh --prepare": "not run here: it downloads from a package registry; tests/test_gpu_check.py "
+    "builds the same wheels offline from this environment and installs them the same way",
+    "scripts/gpu_check.sh": "not run here: it needs a CUDA GPU; its --dry-run runs the same stages",
+    "scripts/gpu_check.sh --dry-run": "not run here: tests/test_gpu_check.py (test_gpu_check_dry_run) runs it as "
+    "typed, in a fresh checkout",
 }
 
 # Only epochs and batch limits shrink (appended to ARGS).

@@ -1,0 +1,402 @@
+"""The GPU check's stages (started by scripts/gpu_check.sh, which installs the prepared wheels first).
+
+    scripts/gpu_check.sh [OUT_DIR]             # on a CUDA machine, <= 5 minutes; OUT_DIR defaults to runs/gpu_check
+    scripts/gpu_check.sh --dry-run [OUT_DIR]   # the same stages on CPU, tiny sizes (tests/test_gpu_check.py)
+
+Every stage runs what a user runs (`python3 -m project ...`, `scripts/bench.py --gpu`) on this machine's own
+Python, and writes `<OUT_DIR>/<stage>.json` the moment it ends, then `<OUT_DIR>/summary.json` (every stage so far),
+so a check cut short by a time limit still leaves what finished. Stages, cheapest and most telling first:
+
+- environment: Python, torch (any >= 2.6, the project's floor), CUDA, GPU, lightning; where each package that
+  came as a wheel was imported from;
+- doctor: `python3 -m project doctor`, its checks and exit code;
+- fit: `python3 -m project fit` with configs/default.yaml (precision left to the hardware: bf16-mixed on a bf16
+  GPU), the in-memory loader building batches on the GPU, plus gpu_check_probes.Probe, which writes fit_probe.json
+  (device, precision, loader, peak GPU memory) and sync_debug.json (host syncs in steady-state steps);
+- nondeterministic: a model with AdaptiveAvgPool2d(7) (as in VGG) under the default `deterministic: true` must
+  end in one paragraph naming `--trainer.deterministic warn` (exit code 2), and then train with that flag;
+- ddp: the fit again with configs/ddp.yaml on 1 device: a DDP process group (NCCL on the GPU, gloo in the dry-run);
+- bench: `scripts/bench.py --gpu` (ResNet-18 on CIFAR-shaped synthetic data, template vs raw loop images/s),
+  given whatever time the 5-minute budget has left.
+
+The exit code is 0 when every stage passed.
+"""
+
+import argparse
+import importlib
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOOR = (2, 6)  # pyproject.toml: torch>=2.6 (torch.load before 2.6 is affected by CVE-2025-32434)
+WHEEL_PACKAGES = (
+    "jsonargparse",
+    "docstring_parser",
+    "typeshed_client",
+)  # gpu_check.sh's WHEELS, import names
+BUDGET_S = 290  # the whole check within 5 minutes on one GPU, start-up of this script included
+# Per-stage caps (s): a hung stage cannot eat the others' time. Each is also cut to what the budget has left.
+CAPS = {"doctor": 60, "fit": 120, "nondeterministic": 100, "ddp": 90, "bench": 200}
+
+
+class Check:
+    def __init__(self, out: Path, dry_run: bool, budget_s: float, jobs: int = 1) -> None:
+        self.jobs = jobs
+        self.out, self.dry_run, self.budget_s = out, dry_run, budget_s
+        self.started = time.perf_counter()
+        self.stages: list[dict] = []
+        self.summary: dict = {"dry_run": dry_run, "out": str(out), "stages": self.stages}
+        self.lock = threading.Lock()
+
+    def remaining(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.started)
+
+    def write(self, name: str, data: dict) -> None:
+        path = self.out / f"{name}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        tmp.replace(path)
+
+    def record(self, name: str, result: dict, file: str | None = None) -> None:
+        """Write the stage's JSON (unless `file`, written by the stage itself) and the summary so far; print a line."""
+        result = {"stage": name, **result}
+        with self.lock:
+            if file is None:
+                self.write(name, result)
+            entry = {k: result.get(k) for k in ("stage", "passed", "seconds", "why")}
+            self.stages.append(entry | {"file": file or f"{name}.json"})
+            self.summary["seconds"] = round(time.perf_counter() - self.started, 1)
+            self.summary["passed"] = all(s["passed"] for s in self.stages)
+            self.write("summary", self.summary)
+            verdict = "passed" if result["passed"] else f"FAILED: {result.get('why')}"
+            print(f"[gpu_check] {name}: {verdict} ({result.get('seconds') or 0:.1f} s)", flush=True)
+
+    def run(self, name: str, argv: list[str], log: str | None = None) -> dict:
+        """Run a command from the repository root with this stage's time cap; keep its whole output in a log."""
+        timeout = min(CAPS[name], self.remaining())
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("PROJECT_RUN_DIR", None)  # each run gets the --run_dir given here
+        t0, cpu0 = time.perf_counter(), _children_cpu()
+        try:
+            p = subprocess.run(
+                argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(timeout, 1)
+            )
+            rc, stdout, stderr = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc = f"timeout after {timeout:.0f} s"
+            stdout, stderr = (
+                x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr)
+            )
+        (self.out / f"{log or name}.log").write_text(
+            f"$ {shlex.join(argv)}\n{stdout}\n--- stderr ---\n{stderr}"
+        )
+        return {
+            "command": shlex.join(argv),
+            "returncode": rc,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "cpu_seconds": round(_children_cpu() - cpu0, 1) if self.jobs == 1 else None,
+            "stdout_tail": stdout[-2000:],
+            "stderr_tail": stderr[-3000:],
+            "log": f"{log or name}.log",
+        }
+
+    def read(self, name: str) -> dict | None:
+        path = self.out / f"{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def overlay(self, name: str, **probe_args) -> str:
+        """A config overlay that appends gpu_check_probes.Probe to the default config's callbacks."""
+        path = self.out / f"{name}.yaml"
+        init = json.dumps({"out": str(self.out.resolve()), "name": name, **probe_args})
+        path.write_text(
+            f"trainer:\n  callbacks+:\n    - class_path: gpu_check_probes.Probe\n      init_args: {init}\n"
+        )
+        return str(path)
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of the finished child processes so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:2])
+
+
+def environment(check: Check) -> bool:
+    t0 = time.perf_counter()
+    import torch
+
+    cuda = torch.cuda.is_available()
+    info: dict = {
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": cuda,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "bf16_supported": torch.cuda.is_bf16_supported() if cuda else None,
+        "nccl": torch.cuda.nccl.version() if cuda and torch.distributed.is_nccl_available() else None,
+        "packages": {},
+        "wheels_installed_into": os.environ.get("GPU_CHECK_SITE") or None,
+    }
+    for dist in ("lightning", "torchmetrics", "torchvision", "tensorboard", "rich", "wandb"):
+        try:
+            info["packages"][dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            info["packages"][dist] = None
+    problems = []
+    site = info["wheels_installed_into"]
+    for module in WHEEL_PACKAGES:
+        try:
+            where = str(Path(importlib.import_module(module).__file__).parent)
+        except ImportError as err:
+            problems.append(
+                f"{module} does not import ({err}): run scripts/gpu_check.sh --prepare where a registry is reachable"
+            )
+            continue
+        info["packages"][module] = where
+        if site and not where.startswith(site):
+            problems.append(f"{module} imports from {where}, not from the installed wheels in {site}")
+    if _version(torch.__version__) < FLOOR:
+        problems.append(
+            f"torch {torch.__version__} is older than {'.'.join(map(str, FLOOR))}, the project's floor"
+        )
+    if not check.dry_run and not cuda:
+        problems.append("no CUDA device visible to torch: on a machine without a GPU use --dry-run")
+    if not check.dry_run and cuda and info["packages"]["lightning"] is None:
+        problems.append("lightning is not installed")
+    print(
+        f"[gpu_check] torch {torch.__version__} (CUDA {torch.version.cuda}), {info['gpu'] or 'no GPU'}, Python {info['python']}"
+    )
+    check.summary |= {"torch": torch.__version__, "gpu": info["gpu"], "python": info["python"]}
+    check.record(
+        "environment",
+        {
+            **info,
+            "passed": not problems,
+            "why": "; ".join(problems) or None,
+            "seconds": round(time.perf_counter() - t0, 1),
+        },
+    )
+    return not problems
+
+
+def doctor(check: Check) -> None:
+    r = check.run("doctor", [sys.executable, "-m", "project", "doctor"])
+    lines = (r["stdout_tail"] + r["stderr_tail"]).splitlines()
+    r["checks"] = [line for line in lines if line.startswith(("ok:", "problem:"))]
+    r["passed"] = r["returncode"] == 0
+    r["why"] = (
+        None
+        if r["passed"]
+        else "; ".join(x for x in r["checks"] if x.startswith("problem:")) or r["stderr_tail"][-300:]
+    )
+    check.record("doctor", r)
+
+
+def _sizes(check: Check, epochs: int) -> list[str]:
+    """The dry-run's tiny sizes; on the GPU the whole digits set (~20 steps an epoch)."""
+    if check.dry_run:
+        shrink = [
+            "--trainer.limit_train_batches",
+            "6",
+            "--trainer.limit_val_batches",
+            "2",
+            "--trainer.limit_test_batches",
+            "2",
+        ]
+        return ["--trainer.max_epochs", "2", *shrink]
+    return ["--trainer.max_epochs", str(epochs)]
+
+
+def fit(check: Check) -> None:
+    window = {"window_epoch": 1, "window_start": 2, "window_steps": 3 if check.dry_run else 12}
+    run_dir = check.out / "stage_runs" / "fit"
+    argv = [sys.executable, "-m", "project", "fit", "--config", "configs/default.yaml", "--config"]
+    argv += [check.overlay("fit_probe", **window), *_sizes(check, 3), "--run_dir", str(run_dir)]
+    r = check.run("fit", argv)
+    probe = check.read("fit_probe") or {}
+    summary_path = run_dir / "summary.json"
+    r["run_summary"] = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    r["probe"] = probe
+    expected = "32-true" if check.dry_run else "bf16-mixed"
+    problems = []
+    if r["returncode"] != 0:
+        problems.append(f"exit code {r['returncode']}")
+    if probe.get("precision") != expected:
+        problems.append(f"precision {probe.get('precision')}, expected {expected} (auto)")
+    if not probe.get("batch_on_training_device"):
+        problems.append(f"batches on {probe.get('batch_device')}, the model on {probe.get('device')}")
+    if "InMemory" not in str(probe.get("train_loader")):
+        problems.append(f"train loader {probe.get('train_loader')}, expected the in-memory loader")
+    if not check.dry_run and not str(probe.get("device", "")).startswith("cuda"):
+        problems.append(f"trained on {probe.get('device')}")
+    r |= {"passed": not problems, "why": "; ".join(problems) or None}
+    check.summary["peak_gpu_memory_allocated_mib"] = probe.get("peak_gpu_memory_allocated_mib")
+    check.summary["peak_gpu_memory_reserved_mib"] = probe.get("peak_gpu_memory_reserved_mib")
+    check.record("fit", r)
+    sync = check.read("sync_debug")
+    if sync is None:
+        check.record(
+            "sync_debug",
+            {
+                "passed": False,
+                "why": "the probe wrote no sync_debug.json (the window never ran)",
+                "seconds": 0,
+            },
+        )
+    else:
+        why = None
+        if not sync["passed"]:
+            outside = sync["syncs_outside_logging_steps"]
+            why = (
+                "the canary .item() was not caught"
+                if sync.get("canary_caught") is False
+                else f"{outside} host sync(s) in steady-state steps: see sync_debug.json"
+            )
+        check.record(
+            "sync_debug",
+            {"passed": sync["passed"], "why": why, "seconds": sync["window"]["seconds"]},
+            file="sync_debug.json",
+        )
+
+
+def nondeterministic(check: Check) -> None:
+    base = [sys.executable, "-m", "project", "fit", "--config", "configs/default.yaml"]
+    base += ["--model.init_args.model", "gpu_check_probes.AdaptivePoolNet", "--trainer.max_epochs", "1"]
+    base += [
+        "--trainer.limit_train_batches",
+        "3",
+        "--trainer.limit_val_batches",
+        "1",
+        "--test_after_fit",
+        "false",
+    ]
+    r = check.run("nondeterministic", [*base, "--run_dir", str(check.out / "stage_runs" / "nondeterministic")])
+    err = r["stderr_tail"]
+    paragraph = err.strip().split("\n\n")[-1] if err.strip() else ""
+    problems = []
+    if r["returncode"] != 2:
+        problems.append(f"exit code {r['returncode']}, expected 2")
+    if "--trainer.deterministic warn" not in paragraph or not paragraph.startswith("error:"):
+        problems.append("the last paragraph on stderr is not the error naming --trainer.deterministic warn")
+    if "Traceback" in err:
+        problems.append("a traceback instead of one paragraph")
+    r["error_paragraph"] = paragraph
+    if check.remaining() > 20:
+        warn = check.run(
+            "nondeterministic",
+            [
+                *base,
+                "--trainer.deterministic",
+                "warn",
+                "--run_dir",
+                str(check.out / "stage_runs" / "nondeterministic_warn"),
+            ],
+            log="nondeterministic_warn",
+        )
+        r["with_deterministic_warn"] = {k: warn[k] for k in ("command", "returncode", "seconds", "log")}
+        if warn["returncode"] != 0:
+            problems.append(f"with --trainer.deterministic warn: exit code {warn['returncode']}")
+        r["seconds"] = round(r["seconds"] + warn["seconds"], 1)
+    r |= {"passed": not problems, "why": "; ".join(problems) or None}
+    check.record("nondeterministic", r)
+
+
+def ddp(check: Check) -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "project",
+        "fit",
+        "--config",
+        "configs/default.yaml",
+        "--config",
+        "configs/ddp.yaml",
+    ]
+    argv += ["--config", check.overlay("ddp_probe"), "--trainer.devices", "1", *_sizes(check, 2)]
+    argv += ["--test_after_fit", "false", "--run_dir", str(check.out / "stage_runs" / "ddp")]
+    r = check.run("ddp", argv)
+    probe = check.read("ddp_probe") or {}
+    r["probe"] = probe
+    expected = "gloo" if check.dry_run else "nccl"
+    problems = [] if r["returncode"] == 0 else [f"exit code {r['returncode']}"]
+    if probe.get("process_group_backend") != expected or probe.get("strategy") != "DDPStrategy":
+        problems.append(
+            f"{probe.get('strategy')} on {probe.get('process_group_backend')}, expected DDPStrategy on {expected}"
+        )
+    r |= {"passed": not problems, "why": "; ".join(problems) or None}
+    check.record("ddp", r)
+
+
+def bench(check: Check) -> None:
+    out = check.out / "bench_gpu.json"
+    argv = [sys.executable, "scripts/bench.py", "--gpu", "--out", str(out)]
+    argv += ["--smoke", "--gpu-size", "64"] if check.dry_run else ["--quick"]
+    r = check.run("bench", argv)
+    res = json.loads(out.read_text()) if out.is_file() and r["returncode"] == 0 else None
+    r["bench"] = res
+    gpu = (res or {}).get("gpu", {})
+    r["compile_measured"] = any("compile" in k for k in gpu)
+    problems = [] if res else [f"exit code {r['returncode']}, no {out.name}"]
+    r |= {"passed": not problems, "why": "; ".join(problems) or None}
+    if gpu:
+        check.summary["bench"] = {k: gpu.get(k) for k in gpu if k.endswith(("images_per_s", "ratio"))}
+    check.record("bench", r)
+
+
+def _stage(check: Check, name: str) -> None:
+    if check.remaining() < 10:
+        check.record(
+            name,
+            {"passed": False, "why": f"not run: the {check.budget_s:.0f} s budget is spent", "seconds": 0},
+        )
+    else:
+        STAGES[name](check)
+
+
+STAGES = {"doctor": doctor, "fit": fit, "nondeterministic": nondeterministic, "ddp": ddp, "bench": bench}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/gpu_check", help="where the JSON goes (default runs/gpu_check)")
+    ap.add_argument("--dry-run", action="store_true", help="on CPU, tiny sizes, the same stages")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole check's time limit")
+    ap.add_argument("--jobs", type=int, default=1, help="stages run at once (default 1)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # A previous check's results must not pass for this one's.
+    for stale in [*out.glob("*.json"), *out.glob("*.log"), *out.glob("*.yaml")]:
+        stale.unlink()
+    shutil.rmtree(out / "stage_runs", ignore_errors=True)
+    check = Check(out, args.dry_run, args.budget_s, args.jobs)
+    if environment(check):
+        # One stage at a time by default (the bench's timing and the peak memory are the GPU's alone); the dry-run
+        # runs two at a time (each stage is mostly a process importing torch and lightning: one core each).
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for future in [pool.submit(_stage, check, name) for name in STAGES]:
+                future.result()
+    print(
+        f"[gpu_check] {'passed' if check.summary['passed'] else 'FAILED'}: {out / 'summary.json'} ({check.summary['seconds']} s)"
+    )
+    sys.exit(0 if check.summary["passed"] else 1)
+
+
+if __name__ == "__main__":
+    main()
