@@ -286,7 +286,9 @@ def nondeterministic(check: Check) -> None:
         "--test_after_fit",
         "false",
     ]
-    r = check.run("nondeterministic", [*base, "--run_dir", str(check.out / "stage_runs" / "nondeterministic")])
+    r = check.run(
+        "nondeterministic", [*base, "--run_dir", str(check.out / "stage_runs" / "nondeterministic")]
+    )
     err = r["stderr_tail"]
     paragraph = err.strip().split("\n\n")[-1] if err.strip() else ""
     problems = []
