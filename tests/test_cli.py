@@ -185,3 +185,30 @@ def test_only_the_subcommand_on_the_command_line_gets_a_parser():
     assert requested_subcommands(["--config", "fit.yaml", "fit"]) == SUBCOMMANDS
     assert requested_subcommands(["fti"]) == SUBCOMMANDS
     assert requested_subcommands(["--help"]) == SUBCOMMANDS == ("fit", "validate", "test")
+
+
+@pytest.mark.claim("preset-fast-dev-run")
+def test_fast_dev_run_names_no_run_directory(in_tmp, capsys):
+    # fast_dev_run writes nothing, so its last line must not name a directory that does not exist.
+    assert run_cli("fit", "--config", CONFIGS / "debug/fast_dev_run.yaml", *QUIET) == 0
+    assert "Run directory" not in capsys.readouterr().out and not (in_tmp / "runs").exists()
+
+
+@pytest.mark.claim("bad-input-one-paragraph")
+def test_a_failed_start_with_every_logger_leaves_no_run_directory(in_tmp, monkeypatch, capsys):
+    # The W&B overlay too: its run id is read back from W&B's own folder, not stored in the run directory before
+    # the run starts (that file left a runs/<time>/ behind, which TensorBoard lists as an empty run).
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    code = run_cli(
+        "fit",
+        "--config",
+        CONFIGS / "default.yaml",
+        "--config",
+        CONFIGS / "logger/wandb.yaml",
+        "--data.init_args.source",
+        "imagefolder",
+        "--data.init_args.root",
+        in_tmp / "no-such-folder",
+    )
+    assert code == 2 and "no-such-folder" in capsys.readouterr().err
+    assert not (in_tmp / "runs").exists()
