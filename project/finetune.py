@@ -3,7 +3,22 @@
 The head is the model's last `nn.Linear` (the layer TorchvisionClassifier resizes to num_classes); everything
 else is the backbone. The backbone can start frozen (its BatchNorm layers then stay in eval mode, so their
 running statistics keep the pretrained values), be unfrozen at an epoch, and train with its own, usually
-lower, learning rate in separate AdamW parameter groups.
+lower, learning rate in separate parameter groups: `backbone`, `backbone_no_decay`, `head`, `head_no_decay`.
+
+Not Lightning's BaseFinetuning/BackboneFinetuning callbacks, for two reasons checked by running them (lightning
+2.6.6, torch 2.14.1, 2026-12-01; tests/test_finetune.py keeps checking both):
+- `BaseFinetuning.freeze_module` sets BatchNorm's `track_running_stats=False`. The Trainer keeps the model in
+  train mode, and a BatchNorm in train mode without tracked statistics normalises with each batch's own
+  statistics: a frozen layer's output then differs from the pretrained model's (which uses the stored running
+  statistics), although those statistics stay untouched. BackboneFinetuning's default `train_bn=True` does not
+  freeze BatchNorm at all.
+- They unfreeze by adding a parameter group to the optimizer mid-run. A scheduler built before then keeps one
+  `base_lr` per original group, and torch 2.14's `scheduler.step()` zips the groups with `strict=True`: with the
+  per-step schedule the run stopped at the first step after unfreezing with `ValueError: zip() argument 2 is
+  shorter than argument 1`. Here every parameter is in the optimizer from the start (frozen ones get no gradient,
+  so the optimizer skips them), and unfreezing only flips `requires_grad`.
+BackboneFinetuning also needs a `backbone` attribute on the LightningModule; here any classifier whose head is its
+last `nn.Linear` works.
 """
 
 from torch import nn
@@ -23,8 +38,9 @@ class FinetuneModule(ClassificationModule):
         unfreeze_epoch: epoch from which the backbone trains as well; None keeps it frozen for the whole run.
             Under DDP, unfreezing mid-run is not supported (DDP registers trainable parameters at the start):
             use a second run from the checkpoint instead.
-        backbone_lr: peak learning rate of the backbone once it trains; None means lr / 10. The head uses lr.
-        **kwargs: ClassificationModule's arguments (lr, weight_decay, warmup_epochs, ...).
+        backbone_lr: peak learning rate of the backbone once it trains; None means the optimizer's lr / 10. The
+            head trains at the optimizer's lr.
+        **kwargs: ClassificationModule's arguments (optimizer, scheduler, label_smoothing, ...).
     """
 
     def __init__(
@@ -65,9 +81,8 @@ class FinetuneModule(ClassificationModule):
     def train(self, mode: bool = True):
         super().train(mode)
         if mode and self.backbone_frozen:
-            for (
-                norm
-            ) in self._backbone_norms:  # eval mode: normalise with, and do not update, the running stats
+            # eval mode: normalise with, and do not update, the running statistics
+            for norm in self._backbone_norms:
                 norm.eval()
         return self
 
@@ -78,20 +93,23 @@ class FinetuneModule(ClassificationModule):
             self.print(f"Epoch {self.current_epoch}: backbone unfrozen (lr {self._backbone_lr():g}).")
 
     def _backbone_lr(self) -> float:
-        return self.hparams.backbone_lr if self.hparams.backbone_lr is not None else self.hparams.lr / 10
+        return self.hparams.backbone_lr if self.hparams.backbone_lr is not None else self.configured_lr() / 10
 
     def param_groups(self) -> list[dict]:
-        # Frozen parameters are in the optimizer from the start: AdamW skips parameters without a gradient,
-        # so they stay untouched (no weight decay either) until unfrozen; no optimizer surgery needed later.
+        """`backbone`, `backbone_no_decay` (at backbone_lr), `head`, `head_no_decay` (at the optimizer's lr).
+
+        Frozen parameters are in the optimizer from the start: optimizers skip parameters without a gradient,
+        so they stay untouched (no weight decay either) until unfrozen; no optimizer surgery needed later.
+        Biases and norm scales (1-D) are not decayed. Empty groups are left out.
+        """
         groups = []
-        for params, lr in (
-            (self.backbone_parameters(), self._backbone_lr()),
-            (self.head_parameters(), self.hparams.lr),
+        for part, params, lr in (
+            ("backbone", self.backbone_parameters(), {"lr": self._backbone_lr()}),
+            ("head", self.head_parameters(), {}),  # no lr: the optimizer's
         ):
-            decay = [p for p in params if p.ndim > 1]  # biases and norm scales (1-D) are not decayed
-            no_decay = [p for p in params if p.ndim <= 1]
+            decay, no_decay = [p for p in params if p.ndim > 1], [p for p in params if p.ndim <= 1]
             groups += [
-                {"params": decay, "weight_decay": self.hparams.weight_decay, "lr": lr},
-                {"params": no_decay, "weight_decay": 0.0, "lr": lr},
+                {"name": part, "params": decay, **lr},
+                {"name": f"{part}_no_decay", "params": no_decay, "weight_decay": 0.0, **lr},
             ]
         return [g for g in groups if g["params"]]

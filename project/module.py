@@ -1,22 +1,34 @@
-"""ClassificationModule: any image classifier `nn.Module` + CrossEntropy + AdamW + warmup-cosine + metrics."""
+"""ClassificationModule: any image classifier `nn.Module` + CrossEntropy + a configured optimizer and schedule.
 
+Defaults: AdamW (torch's fused kernel where it has one) with two named parameter groups, linear warmup then cosine
+(project/schedule.py), stepped every optimizer step.
+"""
+
+import inspect
 from functools import partial
 from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.errors import ConfigError
-from project.schedule import warmup_cosine
+from project.schedule import WarmupCosine
 
 
 class ClassificationModule(L.LightningModule):
     """Trains `model` to classify images.
+
+    Parameter groups, each with a `name` (LearningRateMonitor logs `lr-<Optimizer>/<name>`):
+    `decay` (weights, the optimizer's weight_decay) and `no_decay` (1-D parameters: biases and norm scales,
+    weight_decay 0). project/finetune.py's FinetuneModule uses `backbone`, `backbone_no_decay`, `head`,
+    `head_no_decay` instead.
 
     Args:
         model: any `nn.Module` mapping a (B, C, H, W) float batch to (B, num_classes) logits. Return raw
@@ -24,19 +36,31 @@ class ClassificationModule(L.LightningModule):
         num_classes: number of classes; linked from the data module by the CLI.
         input_shape: (C, H, W) of one input; linked from the data module and used to check the model's
             output size before training starts.
-        lr: peak AdamW learning rate, reached after warmup.
-        weight_decay: AdamW weight decay, applied to weights only (not biases or norm parameters).
-        betas: AdamW betas.
-        warmup_epochs: linear warmup length in epochs (fractions allowed).
-        min_lr_ratio: the cosine ends at `lr * min_lr_ratio`.
+        optimizer: any torch optimizer, called with the parameter groups (LightningCLI's `OptimizerCallable`:
+            `class_path` + `init_args` in the config). Its `lr` is the peak learning rate and its `weight_decay`
+            applies to the `decay` group only. Adam and AdamW with `fused` unset use torch's fused kernel when
+            every parameter is a float on CPU or CUDA; `fused: false` keeps torch's default loop.
+        scheduler: the learning-rate schedule (LightningCLI's `LRSchedulerCallable`), stepped after every
+            optimizer step; `ReduceLROnPlateau` is stepped per epoch on `val/loss`; null keeps the lr constant.
+            Default: project.schedule.WarmupCosine (`warmup_epochs`, `min_lr_ratio`).
         label_smoothing: CrossEntropy label smoothing.
-        lr_scaling: `none` keeps `lr` whatever the number of processes; `linear` multiplies it by the world size
-            (devices x nodes), the linear scaling rule for a global batch that grows with the processes.
-        compile: run the model through torch.compile (compiled on the first step). Checkpoints keep the plain
-            `model.*` keys, so they load into an uncompiled model (no `_orig_mod.` prefix, Lightning #20233).
+        lr_scaling: `none` keeps every group's lr whatever the number of processes; `linear` multiplies them by the
+            world size (devices x nodes), the linear scaling rule for a global batch that grows with the processes.
+        compile: compile the model in place with `nn.Module.compile()` when a Trainer sets the module up (fit,
+            validate, test). The parameters stay the model's own, so checkpoints keep the plain `model.*` keys
+            and load into an uncompiled model (no `_orig_mod.` prefix, as `torch.compile(model)` would add).
             `make bench` reports its compile time and steady-state speed.
         channels_last: keep weights and image batches in NHWC memory format (faster convolutions on GPUs
             with tensor cores; `make bench` shows its effect).
+
+    Labels: torchmetrics checks every batch's labels (`validate_args`) unless the Trainer's data module has a
+    true `labels_checked` attribute, its promise that every label was checked to be in [0, num_classes) before
+    training (ImageClassificationDataModule does it once, in project/data/validate.py). The per-batch check cost
+    a third of a metric update, ~65 us a training step on the digits ConvNet (2 CPU cores).
+
+    `test_step` returns the batch's float32 logits, shape (batch, num_classes): callbacks read them as the
+    `outputs` of `on_test_batch_end` (RunReport's confusion matrix and wrong examples) instead of running the
+    model again. A subclass that returns something else makes RunReport compute the logits itself.
     """
 
     def __init__(
@@ -44,32 +68,30 @@ class ClassificationModule(L.LightningModule):
         model: nn.Module,
         num_classes: int,
         input_shape: tuple[int, int, int] | None = None,
-        lr: float = 3e-3,
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_epochs: float = 1.0,
-        min_lr_ratio: float = 0.0,
+        optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=0.003, weight_decay=0.05),
+        scheduler: LRSchedulerCallable | None = WarmupCosine,
         label_smoothing: float = 0.0,
         lr_scaling: Literal["none", "linear"] = "none",
         compile: bool = False,
         channels_last: bool = False,
     ) -> None:
         super().__init__()
-        # With LightningCLI the nested model config is saved (not the module object), so
-        # load_from_checkpoint rebuilds the model without repeating its config.
-        # Outside the CLI there is no config to save for `model`, and pickling the module itself would
-        # make the checkpoint unloadable with weights_only=True.
-        self.save_hyperparameters(ignore=None if _given_hyperparameters.get() is not None else ["model"])
+        # With LightningCLI the nested configs are saved (model, optimizer and scheduler as class_path +
+        # init_args), so load_from_checkpoint rebuilds them without repeating the config. Outside the CLI there
+        # is no config to save for them, and pickling the objects themselves would make the checkpoint
+        # unloadable with weights_only=True.
+        from_cli = _given_hyperparameters.get() is not None
+        self.save_hyperparameters(ignore=None if from_cli else ["model", "optimizer", "scheduler"])
         self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
         self.num_classes = num_classes
         self.input_shape = tuple(input_shape) if input_shape is not None else None
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         if self.input_shape is not None:
             check_output_shape(model, self.input_shape, num_classes)
 
-        # validate_args=False: torchmetrics' per-batch label checks (a third of an update, ~65 us a training
-        # step here) repeat what the data module checked once before training (project/data/validate.py).
-        acc = partial(MulticlassAccuracy, num_classes=num_classes, average="micro", validate_args=False)
+        acc = partial(MulticlassAccuracy, num_classes=num_classes, average="micro")
         self.train_acc, self.val_acc, self.test_acc = acc(), acc(), acc()
         self.top5 = num_classes > 5
         if self.top5:
@@ -78,15 +100,10 @@ class ClassificationModule(L.LightningModule):
         self.train_loss = MeanMetric(nan_strategy="disable")
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
-        self.total_steps: int | None = None  # known once the train loader exists; see on_train_start
-        # The compiled wrapper is kept out of the module tree (not a registered submodule), so state_dict
-        # keys stay `model.*` and checkpoints load into an uncompiled model.
-        self.__dict__["_compiled"] = None
+        self._model_compiled = False
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.hparams.get("compile") and self._compiled is None:
-            self.__dict__["_compiled"] = torch.compile(self.model)
-        return (self._compiled if self._compiled is not None else self.model)(x)
+        return self.model(x)
 
     def setup(self, stage: str) -> None:
         # Before the strategy moves the model and wraps it in DDP, which sets up its gradient buckets for the
@@ -94,6 +111,14 @@ class ClassificationModule(L.LightningModule):
         # weights 0.12 away from the equivalent one-process run (tests/test_ddp.py) instead of matching it.
         if self.hparams.get("channels_last"):
             self.model.to(memory_format=torch.channels_last)
+        if self.hparams.get("compile") and not self._model_compiled:
+            self.model.compile()  # lazy: dynamo traces on the first forward
+            self._model_compiled = True
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        labels_checked = getattr(datamodule, "labels_checked", False) is True
+        for metric in self.modules():
+            if isinstance(metric, MulticlassAccuracy):
+                metric.validate_args = not labels_checked  # see "Labels" in the class docstring
 
     def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         x, y = batch
@@ -134,12 +159,13 @@ class ClassificationModule(L.LightningModule):
             self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Update the test metrics; return the float32 logits (batch, num_classes) for callbacks (RunReport)."""
         loss, logits, y = self._shared_step(batch)
         self.test_loss.update(loss, weight=y.numel())
         self.test_acc.update(logits, y)
         if self.top5:
             self.test_acc5.update(logits, y)
-        return logits  # for callbacks: RunReport's confusion matrix and wrong examples reuse them
+        return logits
 
     def on_test_epoch_end(self) -> None:
         metrics = {"test/loss": "test_loss", "test/acc": "test_acc"}
@@ -157,60 +183,77 @@ class ClassificationModule(L.LightningModule):
         for key, attribute in keys.items():
             self.log(key, getattr(self, attribute), metric_attribute=attribute, **kwargs)
 
-    def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int) -> Tensor:
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self(x).float().softmax(dim=-1)
-
     def param_groups(self) -> list[dict]:
-        """AdamW parameter groups (project/finetune.py overrides this to give the backbone its own LR)."""
+        """Named parameter groups for the optimizer (FinetuneModule overrides this with per-part groups).
+
+        A group without `weight_decay` or `lr` takes the optimizer's own.
+        """
         decay, no_decay = [], []
         for p in self.model.parameters():
             if p.requires_grad:
                 # Biases and norm scales are 1-D: decaying them only hurts.
                 (decay if p.ndim > 1 else no_decay).append(p)
         return [
-            {"params": decay, "weight_decay": self.hparams.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
+            {"name": "decay", "params": decay},
+            {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},
         ]
 
     def configure_optimizers(self):
         world_size = self._trainer.world_size if self._trainer is not None else 1
-        groups = self.param_groups()
-        optimizer = torch.optim.AdamW(
-            groups, lr=self.scaled_lr(world_size), betas=self.hparams.betas, fused=fused_supported(groups)
-        )
-        scheduler = LambdaLR(optimizer, self._lr_factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        optimizer = build_optimizer(self.optimizer, self.param_groups())
+        scale = self.lr_scale(world_size)
+        if scale != 1:  # before the scheduler records each group's peak (initial_lr)
+            for group in optimizer.param_groups:
+                group["lr"] *= scale
+            optimizer.defaults["lr"] *= scale
+        if self.scheduler is None:
+            return optimizer
+        scheduler = self.scheduler(optimizer)
+        if isinstance(scheduler, ReduceLROnPlateau):  # it needs a metric: the checkpoint-selection one
+            config = {"scheduler": scheduler, "interval": "epoch", "monitor": "val/loss"}
+        else:
+            config = {"scheduler": scheduler, "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": config}
+
+    def lr_scale(self, world_size: int) -> int:
+        """The factor on every group's lr for `world_size` processes: world_size with lr_scaling=linear, else 1."""
+        return world_size if self.hparams.get("lr_scaling", "none") == "linear" else 1
+
+    def configured_lr(self) -> float:
+        """The optimizer's lr as configured (before lr_scaling): the lr of an optimizer built on a stand-in."""
+        return self.optimizer([nn.Parameter(torch.zeros(1))]).defaults["lr"]
 
     def scaled_lr(self, world_size: int) -> float:
-        """The peak lr for `world_size` processes (DDP): `lr`, times world_size with lr_scaling=linear."""
-        return self.hparams.lr * (world_size if self.hparams.get("lr_scaling", "none") == "linear" else 1)
-
-    def _lr_factor(self, step: int) -> float:
-        if self.total_steps is None:
-            # Called once when the scheduler is built, before the train loader exists. Asking for
-            # trainer.estimated_stepping_batches here would reset a restored loader (Lightning #20550).
-            return 0.0
-        warmup = round(self.hparams.warmup_epochs * self.total_steps / max(1, self.trainer.max_epochs or 1))
-        return warmup_cosine(step, warmup, self.total_steps, self.hparams.min_lr_ratio)
+        """The peak lr for `world_size` processes (DDP): the optimizer's lr, times world_size with lr_scaling=linear."""
+        return self.configured_lr() * self.lr_scale(world_size)
 
     def on_train_start(self) -> None:
-        # The train loader is set up (and restored, on resume) by now, so this cannot reset it.
-        self.total_steps = int(self.trainer.estimated_stepping_batches)
+        # The train loader is set up (and restored, on resume) by now: the schedule's length can be asked for.
         for config in self.trainer.lr_scheduler_configs:
-            scheduler = config.scheduler  # re-apply the factor of the current step, now that it is known
-            for group, base_lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
-                group["lr"] = base_lr * self._lr_factor(scheduler.last_epoch)
-            scheduler._last_lr = [g["lr"] for g in scheduler.optimizer.param_groups]
+            if isinstance(config.scheduler, WarmupCosine):
+                config.scheduler.start(int(self.trainer.estimated_stepping_batches), self.trainer.max_epochs)
 
 
-def fused_supported(groups: list[dict]) -> bool:
-    """Whether torch's fused AdamW kernel can update these parameters (floating point, on CPU or CUDA).
+def build_optimizer(optimizer: OptimizerCallable, groups: list[dict]) -> Optimizer:
+    """`optimizer(groups)`; Adam/AdamW with `fused` unset are rebuilt with fused=True where every parameter allows.
 
     One kernel for all parameters instead of a loop over them: the same update, and on the digits ConvNet
     (2 CPU cores) the optimizer step took 0.34 ms instead of 1.1 ms, ~5% of a training step (`make bench`).
     Other devices (MPS, XLA) keep the default implementation.
     """
+    built = optimizer([dict(g) for g in groups])  # copies: an optimizer fills its defaults into the dicts
+    d = built.defaults
+    if type(built) not in (torch.optim.Adam, torch.optim.AdamW) or d.get("fused") is not None:
+        return built
+    if d.get("foreach") or d.get("differentiable") or not fused_supported(built.param_groups):
+        return built
+    accepted = inspect.signature(type(built)).parameters
+    kwargs = {k: v for k, v in d.items() if k in accepted and k != "fused"}
+    return type(built)([dict(g) for g in groups], **kwargs, fused=True)
+
+
+def fused_supported(groups: list[dict]) -> bool:
+    """Whether torch's fused Adam/AdamW kernel can update these parameters (floating point, on CPU or CUDA)."""
     params = [p for g in groups for p in g["params"]]
     return bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
 

@@ -103,7 +103,12 @@ def template(n: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     data, clock = _Data(n, device), _Clock()
     module = ClassificationModule(
-        TorchvisionClassifier("resnet18", 10), 10, (3, 32, 32), lr=LR, label_smoothing=0.1, channels_last=True
+        TorchvisionClassifier("resnet18", 10),
+        10,
+        (3, 32, 32),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=LR, weight_decay=0.05),
+        label_smoothing=0.1,
+        channels_last=True,
     )
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         trainer = L.Trainer(

@@ -48,7 +48,7 @@ class SampleProbe(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After a resume, the step the checkpoint was taken at; 0 for a fresh run.
         self.record["start_step"] = trainer.global_step
-        # The lr each parameter group was built with (LambdaLR keeps it as initial_lr; the schedule's peak).
+        # The lr each parameter group was built with (the scheduler keeps it as initial_lr; the schedule's peak).
         self.record["initial_lrs"] = [g["initial_lr"] for g in trainer.optimizers[0].param_groups]
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -47,7 +47,7 @@ def test_csv_and_hparams(run_dir):
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert {  # the README's list of logged keys
         "train/loss", "train/acc", "val/loss", "val/acc", "val/acc_top5", "val/acc_best", "test/loss", "test/acc",
-        "test/acc_top5", "lr-AdamW/pg1", "lr-AdamW/pg2",
+        "test/acc_top5", "lr-AdamW/decay", "lr-AdamW/no_decay",
     } <= set(rows[0])  # fmt: skip
     assert any(r.get("val/acc") for r in rows) and any(r.get("test/acc") for r in rows)
     hparams = yaml.full_load((run_dir / "hparams.yaml").read_text())  # has !!python/tuple

@@ -43,10 +43,11 @@ def _expected(run_dir: Path) -> dict:
     # (one per epoch start).
     lrs_by_step = read_checkpoint(summary["last_checkpoint"])["callbacks"]["RunReport"]["lrs"]
     assert sorted(lrs_by_step) == list(range(summary["global_step"]))
-    monitored = [r for r in rows if r.get("lr-AdamW/pg1")]
+    monitored = [r for r in rows if r.get("lr-AdamW/decay")]
     assert len(monitored) == summary["epochs"]
     for row in monitored:
-        assert lrs_by_step[int(row["step"])] == [float(row["lr-AdamW/pg1"]), float(row["lr-AdamW/pg2"])]
+        groups = ("decay", "no_decay")  # the module's named parameter groups
+        assert lrs_by_step[int(row["step"])] == [float(row[f"lr-AdamW/{g}"]) for g in groups]
 
     # The test stage's predictions: the best checkpoint on the run's test batches, through its test_step.
     data = ImageClassificationDataModule(**config["data"]["init_args"])

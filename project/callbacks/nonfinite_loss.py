@@ -157,9 +157,9 @@ class NonFiniteLossGuard(Callback):
         raise NonFiniteLossError(
             f"{what} at global step {step}, epoch {epoch}, batch {batch_idx}; training stopped, and no optimizer "
             f"step from that batch on changed the weights (last good checkpoint: {last}). Try a lower "
-            "--model.init_args.optimizer.init_args.lr, a longer warmup (--model.init_args.warmup_epochs), or "
-            "--trainer.precision 32-true; to find the operation that produced it, rerun with "
-            "--config configs/debug/detect_anomaly.yaml (slow)."
+            "--model.init_args.optimizer.init_args.lr, a longer warmup "
+            "(--model.init_args.scheduler.init_args.warmup_epochs), or --trainer.precision 32-true; to find the "
+            "operation that produced it, rerun with --config configs/debug/detect_anomaly.yaml (slow)."
         )
 
     def _state(self) -> torch.Tensor:

@@ -41,6 +41,10 @@ class ImageClassificationDataModule(L.LightningDataModule):
             the splits take under a quarter of the free (GPU) memory. False forces the DataLoader path.
     """
 
+    # Every label is checked to be in [0, num_classes) in setup (project/data/validate.py; ImageFolder labels
+    # are folder indices), so ClassificationModule turns off torchmetrics' per-batch checks under this module.
+    labels_checked = True
+
     def __init__(
         self,
         source: Source = "digits",
