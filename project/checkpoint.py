@@ -1,67 +1,38 @@
-"""Checkpoint files: atomic writes, safe weight loading, and readable errors for bad files.
+"""Reading checkpoints: the one reader every command uses, and what a checkpoint is allowed to name.
 
-- AtomicCheckpointIO (trainer.plugins in configs/default.yaml): every checkpoint is written to a temporary
-  file in the same folder, flushed to disk, then renamed over the target. A crash or kill while writing
-  leaves the previous checkpoint intact; a full disk raises a ConfigError and also keeps it.
-- load_weights(path): for prediction and export. torch.load(weights_only=True) never runs pickled code, so a
-  checkpoint from someone else cannot execute anything. Full (pickle) loading is used only by Lightning when
-  resuming the user's own run.
-- read_checkpoint / check_checkpoint: before resuming, a truncated, foreign or mismatched file is reported
-  with its path and what is wrong instead of an unpickling or size-mismatch traceback.
+- read_checkpoint(path): torch.load(weights_only=True) with errors that name the file, what is wrong and the fix.
+  Unpickling never runs code from the file; Lightning's resume goes through torch.load too, whose default is
+  also weights_only=True since torch 2.6.
+- check_checkpoint(path, module): before resuming, a checkpoint of another architecture or other classes is
+  reported with the tensors that differ instead of a size-mismatch traceback.
+- check_class_paths / import_class: the hyperparameters stored in a checkpoint name the classes that rebuild
+  its model (`_class_path`, nested `class_path`s). Importing a module runs its code, so every name is checked
+  against an allowlist (this project, torchvision.models, torch.nn, torch.optim, plus what the user passes with
+  --allow_class) before anything is imported. Lightning's `load_from_checkpoint` checks only the top-level
+  class, and its `instantiate_module` imports every nested class path the file names; `weights_only=True`
+  guards the unpickling, not this. A config.yaml next to the checkpoint is not read: it is no more trusted than
+  the checkpoint.
+
+This file imports only torch: predict and export read checkpoints without importing Lightning (~3 s). Writing
+checkpoints is project/checkpoint_io.py (AtomicCheckpointIO, a Lightning plugin).
 """
 
-import errno
+import importlib
 import os
-import tempfile
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
-from project.errors import ConfigError, find_in_chain
+from project.errors import ConfigError
 
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """TorchCheckpointIO whose writes are all-or-nothing (temporary file + fsync + os.replace)."""
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
-    ) -> None:
-        path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        except OSError as err:
-            raise ConfigError(
-                f"Cannot write checkpoints to '{path.parent}': {err.strerror or err}. "
-                "Make the run directory writable or choose another one with --run_dir."
-            ) from err
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())  # the data is on disk before the rename makes it visible
-            os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
-            for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-write
-                stale.unlink(missing_ok=True)
-        except BaseException as err:
-            Path(tmp).unlink(missing_ok=True)
-            # torch's zip writer turns the file's OSError (a full disk inside a tensor) into a RuntimeError
-            os_error = find_in_chain(err, OSError)
-            if os_error is not None and os_error.errno in (
-                errno.ENOSPC,
-                errno.EDQUOT,
-                errno.EROFS,
-                errno.EACCES,
-            ):
-                kept = f" The previous '{path.name}' is untouched." if path.exists() else ""
-                raise ConfigError(
-                    f"Saving checkpoint '{path}' failed: {os_error.strerror or os_error}.{kept} Free disk space or "
-                    "point --run_dir at a writable disk with room, then resume with --ckpt_path last."
-                ) from err
-            raise
+# Module prefixes whose classes a checkpoint may name without --allow_class: the classes this project's configs
+# use (its models, module, data module and schedules), torchvision's classifiers, torch's layers and optimizers.
+ALLOWED = ("project", "torchvision.models", "torch.nn", "torch.optim")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
 def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
@@ -71,15 +42,19 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"Checkpoint '{path}' does not exist. Pass an existing .ckpt file to --ckpt_path.")
+        raise ConfigError(
+            f"Checkpoint '{path}' does not exist. Pass a .ckpt file written by `make train`: "
+            "--ckpt_path runs/<run>/checkpoints/last.ckpt (or best-epoch=NNN.ckpt); with make predict or "
+            "make export: CKPT=runs/<run>/checkpoints/last.ckpt."
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # truncated zip, random bytes, a pickle with code in it, ...
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise ConfigError(
-            f"Checkpoint '{path}' ({path.stat().st_size} bytes) cannot be read: {reason}. It is truncated, "
-            "corrupt, not a PyTorch file, or holds pickled objects that safe (weights_only) loading refuses. "
-            "Resume from another checkpoint of the run (see its checkpoints/ folder) or with --ckpt_path last."
+            f"Checkpoint '{path}' ({path.stat().st_size} bytes) cannot be read with weights_only=True: {reason}. "
+            "It is truncated, corrupt, not a PyTorch file, or holds pickled objects (code) that safe loading "
+            "refuses. Use another checkpoint of the run (its checkpoints/ folder), e.g. --ckpt_path last."
         ) from err
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         keys = sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__
@@ -88,11 +63,6 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
             f"{keys}). Pass a .ckpt written by `python -m project fit` (runs/<run>/checkpoints/)."
         )
     return checkpoint
-
-
-def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The module's state_dict from a checkpoint, loaded without unpickling code (weights_only=True)."""
-    return read_checkpoint(path)["state_dict"]
 
 
 def check_checkpoint(path: str | os.PathLike, module: nn.Module) -> None:
@@ -123,3 +93,90 @@ def check_checkpoint(path: str | os.PathLike, module: nn.Module) -> None:
             f"{'; '.join(parts)}. Resume with the config and data the run was started with (its config.yaml: "
             "--config runs/<run>/config.yaml), or start a new run without --ckpt_path."
         )
+
+
+def named_classes(tree: Any, dotted_strings: bool = False, where: str = "") -> Iterator[tuple[str, str]]:
+    """(where, name) for every `class_path`/`_class_path` value in nested dicts and lists.
+
+    dotted_strings=True also yields every other string that reads as a dotted import path (`a.b.C`): jsonargparse,
+    which Lightning's instantiate_module uses, imports such a string where a parameter's type is a class or a
+    callable, so those routes check them too.
+    """
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            at = f"{where}.{key}" if where else str(key)
+            if key in ("class_path", "_class_path") or (
+                dotted_strings and isinstance(value, str) and _DOTTED.fullmatch(value)
+            ):
+                yield at, value if isinstance(value, str) else repr(value)
+            else:
+                yield from named_classes(value, dotted_strings, at)
+    elif isinstance(tree, list | tuple):
+        for i, value in enumerate(tree):
+            yield from named_classes(value, dotted_strings, f"{where}[{i}]")
+    elif dotted_strings and isinstance(tree, str) and _DOTTED.fullmatch(tree):
+        yield where, tree
+
+
+def allowed(allow_class: str | Iterable[str] | None) -> tuple[str, ...]:
+    """The --allow_class value (one name, a list, or None) as a tuple of names."""
+    if allow_class is None:
+        return ()
+    return (allow_class,) if isinstance(allow_class, str) else tuple(allow_class)
+
+
+def is_allowed(name: str, allow: Iterable[str] = ()) -> bool:
+    """A dotted name inside one of ALLOWED or the user's --allow_class entries (a class or a module prefix)."""
+    if not isinstance(name, str) or not _DOTTED.fullmatch(name):
+        return False
+    return any(name == a or name.startswith(a + ".") for a in (*ALLOWED, *allow))
+
+
+def check_class_paths(
+    tree: Any, allow: Iterable[str] = (), path: str | os.PathLike = "checkpoint", dotted_strings: bool = False
+) -> None:
+    """Raise a one-paragraph ConfigError, before anything is imported, if `tree` names a class outside the allowlist."""
+    allow = tuple(allow)
+    refused = [(at, name) for at, name in named_classes(tree, dotted_strings) if not is_allowed(name, allow)]
+    if refused:
+        names = sorted({name for _, name in refused})
+        listed = ", ".join(f"{name} (at {at})" for at, name in refused[:5])
+        flags = f"--allow_class {names[0]}" if len(names) == 1 else f"--allow_class '[{', '.join(names)}]'"
+        raise ConfigError(
+            f"Checkpoint '{path}' names code outside the allowlist: {listed}. Rebuilding its model would import "
+            "and run that code, so nothing was imported. Allowed without a flag: "
+            f"{', '.join(a + '.*' for a in ALLOWED)}. If you trust this checkpoint and the code it names, "
+            f'allow it explicitly: {flags} (make predict or make export: ARGS="{flags}").'
+        )
+
+
+def import_class(name: str, allow: Iterable[str] = ()) -> Any:
+    """The attribute `name` (module.Class) once it passed the allowlist: the module is imported only then."""
+    if not is_allowed(name, allow):  # the caller checked the whole tree; this keeps the importer safe alone
+        check_class_paths({"class_path": name}, allow)
+    module, _, attr = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(
+            f"The checkpoint's model needs '{name}', which cannot be imported here ({err}). Make its module "
+            "importable (install its package or add its folder to PYTHONPATH), as it was when the model was trained."
+        ) from err
+
+
+def instantiate(spec: Any, allow: Iterable[str] = ()) -> Any:
+    """Build `{class_path, init_args}` specs (nested ones first) with plain calls; other values pass through.
+
+    A small importer instead of jsonargparse or Lightning's instantiate_module: the stored init_args are already
+    resolved values (links filled in), and predict and export must not import Lightning. Strings are never
+    imported here.
+    """
+    if isinstance(spec, dict) and "class_path" in spec:
+        cls = import_class(spec["class_path"], allow)
+        kwargs = {**(spec.get("init_args") or {}), **(spec.get("dict_kwargs") or {})}
+        return cls(**{k: instantiate(v, allow) for k, v in kwargs.items()})
+    if isinstance(spec, dict):
+        return {k: instantiate(v, allow) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [instantiate(v, allow) for v in spec]
+    return spec

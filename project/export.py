@@ -3,6 +3,10 @@
 Writes into <out_dir>: model.onnx (dynamic batch axis), model.pt2 (torch.export; model.ts TorchScript when
 torch.export cannot trace the model; model.onnx then comes from that trace) and preprocessing.json (class
 names, input shape, normalisation).
+
+The model is rebuilt without Lightning (project/inference.py). The real test batches of the check come from the
+run's own data module, a LightningDataModule, so that step (on by default, --check_batches 0 skips it) imports
+Lightning; its class paths pass the same allowlist first.
 """
 
 import json
@@ -12,13 +16,21 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from project.checkpoint import allowed, check_class_paths, read_checkpoint
 from project.errors import ConfigError
-from project.inference import build_model, load_checkpoint, preprocessing_of
+from project.inference import load_model, preprocessing_of
+from project.run_dir import checkpoint_run
 
 TOLERANCE = 1e-4  # max abs logit difference accepted between an exported program and eager PyTorch
 
 
-def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_batches: int = 1) -> Path:
+def export(
+    ckpt_path: str,
+    out_dir: str | None = None,
+    opset: int = 18,
+    check_batches: int = 1,
+    allow_class: list[str] | str | None = None,
+) -> Path:
     """Export a trained checkpoint for deployment and verify the exported programs.
 
     Args:
@@ -26,23 +38,25 @@ def export(ckpt_path: str, out_dir: str | None = None, opset: int = 18, check_ba
         out_dir: where to write the files; default <run dir>/export.
         opset: ONNX opset version.
         check_batches: how many test-split batches (real inputs) to compare on, besides random inputs.
+        allow_class: a class (my_models.TinyMLP) or module prefix (my_models), or a list of them ('[a, b]'), that
+            the checkpoint may name besides project.*, torchvision.models.*, torch.nn.* and torch.optim.*.
+            Rebuilding the model imports the modules its hyperparameters name: allow only code you trust.
     """
-    checkpoint = load_checkpoint(ckpt_path)
+    allow = allowed(allow_class)
+    checkpoint = read_checkpoint(ckpt_path)
     prep = preprocessing_of(checkpoint, ckpt_path)
     # The bare nn.Module, in eval mode: dropout off and BatchNorm on running statistics in the exported graph.
-    model = build_model(checkpoint, ckpt_path).model.eval()
-    ckpt = Path(ckpt_path)
-    out = (
-        Path(out_dir)
-        if out_dir
-        else (ckpt.parent.parent if ckpt.parent.name == "checkpoints" else Path(".")) / "export"
-    )
+    model = load_model(checkpoint, ckpt_path, allow)
+    data_hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    data_hparams.pop("_instantiator", None)
+    check_class_paths(data_hparams, allow, ckpt_path, dotted_strings=True)  # before anything is written
+    out = Path(out_dir) if out_dir else (checkpoint_run(ckpt_path) or Path(".")) / "export"
     out.mkdir(parents=True, exist_ok=True)
 
     gen = torch.Generator().manual_seed(0)
     inputs = {"random batch of 1": torch.randn(1, *prep.input_shape, generator=gen)}
     inputs["random batch of 5"] = torch.randn(5, *prep.input_shape, generator=gen)
-    inputs.update(_real_batches(checkpoint, check_batches))
+    inputs.update(_real_batches(data_hparams, check_batches))
     example = inputs["random batch of 5"][
         :2
     ]  # traced with batch 2; checked with 1, 5 and 64: the axis is dynamic
@@ -117,15 +131,14 @@ def _check(name: str, run, model: nn.Module, inputs: dict[str, Tensor]) -> None:
             )
 
 
-def _real_batches(checkpoint: dict, n: int) -> dict[str, Tensor]:
-    """Up to n batches of the run's test split, rebuilt from the saved data hyperparameters."""
+def _real_batches(hparams: dict, n: int) -> dict[str, Tensor]:
+    """Up to n batches of the run's test split, rebuilt from the saved data hyperparameters (already checked
+    against the allowlist)."""
+    if n <= 0 or "_class_path" not in hparams:
+        return {}
     import lightning as L
     from lightning.pytorch.cli import instantiate_module
 
-    hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
-    hparams.pop("_instantiator", None)
-    if n <= 0 or "_class_path" not in hparams:
-        return {}
     try:
         data = instantiate_module(L.LightningDataModule, hparams)
         data.setup("test")

@@ -1,7 +1,8 @@
 """`python -m project predict --ckpt_path X --input <image or folder>`: class predictions as a CSV.
 
-Replaces LightningCLI's `predict` (which needs a predict dataloader the data module does not have): the
-classes, input size and normalisation come from the checkpoint, so no config is needed.
+Replaces LightningCLI's `predict` (which needs a predict dataloader the data module does not have, and a
+Trainer): the classes, input size and normalisation come from the checkpoint, so no config is needed. It imports
+neither Lightning nor torchvision (project/inference.py), so one image takes about as long as importing torch.
 """
 
 import csv
@@ -11,8 +12,10 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from project.checkpoint import allowed, read_checkpoint
 from project.errors import ConfigError
-from project.inference import build_model, load_checkpoint, preprocessing_of
+from project.inference import load_model, preprocessing_of
+from project.run_dir import checkpoint_run
 
 
 def predict(
@@ -22,6 +25,7 @@ def predict(
     top_k: int = 3,
     batch_size: int = 64,
     device: str = "auto",
+    allow_class: list[str] | str | None = None,
 ) -> Path:
     """Classify an image file, or every file under a folder (recursively), with a trained checkpoint.
 
@@ -32,6 +36,9 @@ def predict(
         top_k: how many (class, probability) pairs to list per image.
         batch_size: images per forward pass.
         device: auto (CUDA when available), cpu or cuda.
+        allow_class: a class (my_models.TinyMLP) or module prefix (my_models), or a list of them ('[a, b]'), that
+            the checkpoint may name besides project.*, torchvision.models.*, torch.nn.* and torch.optim.*.
+            Rebuilding the model imports the modules its hyperparameters name: allow only code you trust.
     """
     source = Path(input)
     if not source.exists():
@@ -39,16 +46,15 @@ def predict(
             f"--input '{input}' does not exist. Pass an image file or a folder of images (INPUT=...)."
         )
     files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
-    checkpoint = load_checkpoint(ckpt_path)
+    checkpoint = read_checkpoint(ckpt_path)
     prep = preprocessing_of(checkpoint, ckpt_path)
     dev = torch.device(
         "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
     )
-    model = build_model(checkpoint, ckpt_path).to(dev)
-    transform, mode = prep.transform(), "L" if prep.input_shape[0] == 1 else "RGB"
+    model = load_model(checkpoint, ckpt_path, allowed(allow_class)).to(dev)
     k = max(1, min(top_k, len(prep.class_names)))
 
-    out = Path(output) if output else _default_output(Path(ckpt_path))
+    out = Path(output) if output else (checkpoint_run(ckpt_path) or Path(".")) / "predictions.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, skipped = [], []
     for start in range(0, len(files), batch_size):
@@ -56,7 +62,7 @@ def predict(
         for f in files[start : start + batch_size]:
             try:
                 with Image.open(f) as im:
-                    batch.append(transform(im.convert(mode)))
+                    batch.append(prep.image(im))
                 paths.append(f)
             except (
                 UnidentifiedImageError,
@@ -87,11 +93,6 @@ def predict(
             f"No readable image under '{input}'; nothing was predicted. Point INPUT at image files."
         )
     return out
-
-
-def _default_output(ckpt: Path) -> Path:
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else Path(".")
-    return run_dir / "predictions.csv"
 
 
 def main(args: list[str]) -> None:

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from PIL import Image
 
-from project.checkpoint import load_weights
+from project.checkpoint import read_checkpoint
 from project.module import ClassificationModule
 from tests.conftest import QUIET, run_cli
 
@@ -214,7 +214,7 @@ def checkpoint(tmp_path_factory):
 
 
 def test_template_checkpoints_load_with_weights_only(checkpoint):
-    state = load_weights(checkpoint)
+    state = read_checkpoint(checkpoint)["state_dict"]
     assert state["model.head.1.weight"].shape == (10, 16)  # ConvNet(width=8): head Linear(16, 10)
 
 

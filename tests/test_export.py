@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from project.checkpoint import read_checkpoint
 from project.export import TOLERANCE
-from project.inference import build_model, load_checkpoint
+from project.inference import build_model
 from project.models import ConvNet
 from tests.conftest import run_cli
 from tests.trained_run import trained_run
@@ -55,7 +56,7 @@ def test_export_default_model(run_dir, tmp_path, capsys):
     # digits: classes "0".."9", grey 8x8 images (project/data/digits.py)
     assert prep["class_names"] == [str(d) for d in range(10)] and prep["input_shape"] == [1, 8, 8]
     assert len(prep["mean"]) == len(prep["std"]) == 1
-    model = build_model(load_checkpoint(run_dir / "checkpoints/last.ckpt")).model.eval()
+    model = build_model(read_checkpoint(run_dir / "checkpoints/last.ckpt")).model.eval()
     _compare_outside(model, out / "model.onnx", torch.export.load(out / "model.pt2").module())
 
 
@@ -81,7 +82,7 @@ class SignDependentConvNet(ConvNet):
 
 def _with_model(run_dir: Path, tmp_path: Path, cls: type) -> Path:
     """The trained run's checkpoint, rebuilt as `cls` (same weights: cls is a ConvNet)."""
-    checkpoint = load_checkpoint(run_dir / "checkpoints/last.ckpt")
+    checkpoint = read_checkpoint(run_dir / "checkpoints/last.ckpt")
     checkpoint["hyper_parameters"]["model"]["class_path"] = f"{__name__}.{cls.__name__}"
     torch.save(checkpoint, tmp_path / f"{cls.__name__}.ckpt")
     return tmp_path / f"{cls.__name__}.ckpt"
@@ -90,7 +91,8 @@ def _with_model(run_dir: Path, tmp_path: Path, cls: type) -> Path:
 @pytest.mark.claim("export-torchscript-fallback")
 def test_export_falls_back_to_torchscript_and_checks_it(run_dir, tmp_path, capsys):
     ckpt = _with_model(run_dir, tmp_path, DataDependentConvNet)
-    assert run_cli("export", "--ckpt_path", ckpt, "--out_dir", tmp_path / "ok") == 0
+    trust = ("--allow_class", __name__)  # the checkpoint names this test module's classes
+    assert run_cli("export", "--ckpt_path", ckpt, "--out_dir", tmp_path / "ok", *trust) == 0
     out = capsys.readouterr().out
     assert "falling back to TorchScript" in out
     written = sorted(p.name for p in (tmp_path / "ok").iterdir())
@@ -100,13 +102,13 @@ def test_export_falls_back_to_torchscript_and_checks_it(run_dir, tmp_path, capsy
     assert sum("model.ts" in ln for ln in lines) == 3 and sum("ONNX" in ln for ln in lines) == 3
     assert sum("test batch" in ln for ln in lines) == 2
     assert all(float(ln.rsplit(" ", 1)[1]) <= TOLERANCE for ln in lines)
-    model = build_model(load_checkpoint(ckpt)).model.eval()
+    model = build_model(read_checkpoint(ckpt), allow=[__name__]).model.eval()
     assert isinstance(model, DataDependentConvNet)
     _compare_outside(model, tmp_path / "ok/model.onnx", torch.jit.load(str(tmp_path / "ok/model.ts")))
 
     # The fallback is checked like torch.export's program: an unfaithful trace is an error, not a file.
     ckpt = _with_model(run_dir, tmp_path, SignDependentConvNet)
-    assert run_cli("export", "--ckpt_path", ckpt, "--out_dir", tmp_path / "bad") == 2
+    assert run_cli("export", "--ckpt_path", ckpt, "--out_dir", tmp_path / "bad", *trust) == 2
     assert "not faithful" in capsys.readouterr().err
 
 
@@ -127,7 +129,7 @@ class Trap:
 
 def trapped_checkpoint(ckpt: Path, tmp_path: Path) -> tuple[Path, Path]:
     """A copy of a real checkpoint plus a Trap; returns (checkpoint, the file the trap would write)."""
-    checkpoint, marker = load_checkpoint(ckpt), tmp_path / "sprung.txt"
+    checkpoint, marker = read_checkpoint(ckpt), tmp_path / "sprung.txt"
     checkpoint["note"] = Trap(marker)
     torch.save(checkpoint, tmp_path / "trapped.ckpt")
     return tmp_path / "trapped.ckpt", marker

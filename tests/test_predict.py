@@ -12,15 +12,17 @@ import torch.nn.functional as F
 import yaml
 from PIL import Image
 
+from project.checkpoint import read_checkpoint
 from project.data import ImageClassificationDataModule
 from project.data.digits import load_digits_tensors
-from project.inference import build_model, load_checkpoint
+from project.data.transforms import build_transform
+from project.inference import Preprocessing, build_model, preprocessing_of
 from tests.conftest import run_cli
 from tests.test_export import trapped_checkpoint
 from tests.trained_run import trained_run
 
 # |CSV probability - the reference softmax|: 5e-7 is the CSV's rounding (6 decimals); 1e-6 covers float32
-# noise between predict's pipeline (torchvision transforms, batches of 64) and the reference's (its own
+# noise between predict's pipeline (the training transform redone in torch, batches of 64) and the reference's (its own
 # arithmetic, one batch): measured on 2026-12-01, AMD EPYC, with default kernels, ONEDNN_MAX_CPU_ISA=AVX2 and
 # SSE41 and ATEN_CPU_CAPABILITY=default, at most 3.7e-8 for this test's 10-step model and 4.2e-7 for a fully
 # trained default model (sharper logits).
@@ -68,7 +70,7 @@ def test_predict_reproduces_the_test_accuracy(run_dir, tmp_path):
 
     # The reference: decoded here, resized as in training (bilinear, antialiased), normalised with the
     # training split's statistics from the data module (not from the checkpoint), the module's own forward.
-    module = build_model(load_checkpoint(ckpt))
+    module = build_model(read_checkpoint(ckpt))
     mean = torch.tensor(data.mean).view(1, -1, 1, 1)
     std = torch.tensor(data.std).view(1, -1, 1, 1)
     for name, (factor, _) in formats.items():
@@ -89,6 +91,27 @@ def test_predict_reproduces_the_test_accuracy(run_dir, tmp_path):
                 r["class"] == data.class_names[y] for r, y in zip(got, labels.tolist(), strict=True)
             )
             assert correct / seen == summary["test_acc"], name
+
+
+@pytest.mark.claim("predict-preprocessing", "tools-start-fast")
+def test_preprocessing_gives_the_training_eval_tensors(run_dir):
+    """predict's torch-only preprocessing against the training eval transform (torchvision): the same tensors,
+    bit for bit, on the whole test split and on decoded images that need a resize, grey and RGB."""
+    data, _ = _test_split(run_dir)
+    prep = preprocessing_of(read_checkpoint(run_dir / "checkpoints/last.ckpt"))
+    images, _ = data.tensors["test"]
+    assert len(images) == len(data.test_set) == 360  # digits: a stratified 20% of 1,797 images
+    for i in range(len(images)):
+        assert torch.equal(prep.tensor(images[i]), data.test_set[i][0]), i
+
+    pixels = (images[:8, 0].numpy() * 255).round().astype(np.uint8)
+    grey, rgb = prep, Preprocessing(prep.class_names, prep.mean * 3, prep.std * 3, (3, *prep.input_shape[1:]))
+    for p, mode in ((grey, "L"), (rgb, "RGB")):
+        training = build_transform("none", p.mean, p.std, train=False, augment=False, size=p.input_shape[1:])
+        for factor in (1, 2, 3, 4):  # 8x8 as saved, and larger files resized back to 8x8
+            for x in pixels:
+                im = Image.fromarray(np.kron(x, np.ones((factor, factor), np.uint8))).convert(mode)
+                assert torch.equal(p.image(im), training(im)), (mode, factor)
 
 
 @pytest.fixture

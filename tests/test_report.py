@@ -16,8 +16,8 @@ import yaml
 from PIL import Image
 
 from project.callbacks.report import render, report_figure
-from project.data import ImageClassificationDataModule
 from project.checkpoint import read_checkpoint
+from project.data import ImageClassificationDataModule
 from project.inference import build_model
 from tests.trained_run import trained_run
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from project.checkpoint import AtomicCheckpointIO
+from project.checkpoint_io import AtomicCheckpointIO
 from tests.conftest import CONFIGS, REPO, run_cli
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,14 @@ class BestModelCheckpoint(ModelCheckpoint):
 
     The checkpoint is selected by one metric (`monitor`, e.g. `val/loss`); `summary.json` also reports another one
     of that same epoch (`best_val_acc` = the selected checkpoint's `val/acc`). The values travel in this callback's
-    state, so a resumed run still knows them.
+    state, so a resumed run still knows them. The stock ModelCheckpoint keeps only the monitored value of each
+    top-k file (`best_k_models`, `best_model_score`); the epoch's other metrics are gone once the next epoch logs,
+    and logging them into the file name would not survive a resume as data.
+
+    It overrides two private ModelCheckpoint methods, `_update_best_and_save` (to see the epoch's metrics when a
+    new top-k file is chosen) and `_save_checkpoint` (to record them before that file is written, so the file's
+    own state holds them): Lightning offers no public hook there. pyproject.toml pins lightning below 2.7, and
+    tests/test_checkpoint_rule.py checks the summary's `best_val_acc` that these methods feed after an upgrade.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

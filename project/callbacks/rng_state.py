@@ -11,6 +11,12 @@ from project.rng import capture_rng_states, restore_rng_states
 class RNGState(Callback):
     """Saves python/numpy/torch/CUDA RNG states with every checkpoint; a resumed fit continues the streams.
 
+    Lightning's stock features seed the streams (`seed_everything(workers=True)`) and isolate them
+    (`isolate_rng`), but its checkpoints hold no RNG state, so a resumed run would draw other augmentations and
+    dropout masks than the run it continues; its private `_collect_rng_states` (used only to hand states to
+    spawned processes) returns NumPy's state as an ndarray tuple that `weights_only=True` loading refuses. Hence
+    this callback, with project/rng.py's plain-type states.
+
     The states are restored in on_train_start, not when the checkpoint is loaded: between loading and the
     first training batch Lightning runs the sanity-check validation, which draws from the global RNG, and an
     uninterrupted run has no such draw at that point.
