@@ -41,12 +41,16 @@ def _expected(run_dir: Path) -> dict:
                 epochs.setdefault(int(row["epoch"]), {})[key] = float(row[key])
     # Learning rates per step: RunReport's record in last.ckpt, checked against LearningRateMonitor's
     # (one per epoch start).
-    lrs_by_step = read_checkpoint(summary["last_checkpoint"])["callbacks"]["RunReport"]["lrs"]
+    recorded = read_checkpoint(summary["last_checkpoint"])["callbacks"]["RunReport"]
+    lrs_by_step, groups = recorded["lrs"], recorded["lr_names"]
+    assert groups == [
+        "decay",
+        "no_decay",
+    ]  # the module's named parameter groups, as LearningRateMonitor tags them
     assert sorted(lrs_by_step) == list(range(summary["global_step"]))
     monitored = [r for r in rows if r.get("lr-AdamW/decay")]
     assert len(monitored) == summary["epochs"]
     for row in monitored:
-        groups = ("decay", "no_decay")  # the module's named parameter groups
         assert lrs_by_step[int(row["step"])] == [float(row[f"lr-AdamW/{g}"]) for g in groups]
 
     # The test stage's predictions: the best checkpoint on the run's test batches, through its test_step.
@@ -68,6 +72,7 @@ def _expected(run_dir: Path) -> dict:
     return {
         "epochs": epochs,
         "lrs": [lrs_by_step[s] for s in sorted(lrs_by_step)],
+        "lr_names": groups,
         "confusion": torch.from_numpy(confusion),
         "wrong": sorted(wrong, key=lambda w: -w[0])[: report["init_args"]["num_wrong"]],  # most confident 1st
         "class_names": data.class_names,
@@ -80,10 +85,35 @@ def _texts(ax) -> list[str]:
     return [t.get_text() for t in ax.texts]
 
 
+def _panels(fig):
+    """(confusion-matrix axes, wrong-images subfigure, its tile axes): report_figure's documented layout."""
+    left, right = fig.subfigs[1].subfigs
+    return left.axes[0], right, right.axes
+
+
+def _assert_lr_lines(ax_lr, lrs, names) -> None:
+    """Every group's series is drawn, by one line labelled with its name; equal series share a line (labelled
+    with all their names) instead of hiding one under the other."""
+    series = dict(zip(names, zip(*lrs, strict=True), strict=True))
+    drawn = {line.get_label(): list(line.get_ydata()) for line in ax_lr.lines}
+    assert sorted(n for label in drawn for n in label.split(", ")) == sorted(names)  # each name once
+    for label, ys in drawn.items():
+        assert all(list(series[n]) == ys for n in label.split(", ")), label
+    assert len(drawn) == len(set(series.values()))  # one line per distinct series
+
+
 @pytest.mark.claim("run-report")
 def test_report_shows_the_run(run_dir):
     exp = _expected(run_dir)
-    args = (exp["epochs"], exp["lrs"], exp["confusion"], exp["wrong"], exp["class_names"], exp["dpi"])
+    args = (
+        exp["epochs"],
+        exp["lrs"],
+        exp["confusion"],
+        exp["wrong"],
+        exp["class_names"],
+        exp["dpi"],
+        exp["lr_names"],
+    )
     # report.png is, pixel for pixel, the report of this data: drawn from nothing else.
     drawn = np.asarray(Image.open(run_dir / "report.png").convert("RGB"))
     expected = render(*args)
@@ -102,11 +132,10 @@ def test_report_shows_the_run(run_dir):
             assert len(points) == json.loads((run_dir / "summary.json").read_text())["epochs"]
             assert list(zip(line.get_xdata(), line.get_ydata(), strict=True)) == points
     assert ax_lr.get_title() == "learning rate per step"
-    assert [list(line.get_ydata()) for line in ax_lr.lines] == [
-        list(s) for s in zip(*exp["lrs"], strict=True)
-    ]
+    _assert_lr_lines(ax_lr, exp["lrs"], exp["lr_names"])
+    assert [line.get_label() for line in ax_lr.lines] == ["decay, no_decay"]  # the default run: equal rates
 
-    ax_cm, ax_wrong = fig.subfigs[1].axes
+    ax_cm, wrong_panel, tiles = _panels(fig)
     cm = exp["confusion"].numpy()
     assert np.trace(cm) / cm.sum() == exp["test_acc"]  # the matrix is the test stage's: summary.json agrees
     assert np.array_equal(ax_cm.images[0].get_array(), cm)
@@ -115,9 +144,14 @@ def test_report_shows_the_run(run_dir):
     assert [t.get_text() for t in ax_cm.get_yticklabels()] == exp["class_names"]
     assert (ax_cm.get_xlabel(), ax_cm.get_ylabel()) == ("predicted", "true")
     assert f"accuracy {exp['test_acc']:.1%}" in ax_cm.get_title()
-    assert ax_wrong.get_title().startswith("most confidently wrong test images")
+    assert wrong_panel.get_suptitle().startswith("most confidently wrong test images")
     names = exp["class_names"]
-    assert _texts(ax_wrong) == [f"{names[p]} / {names[t]} ({c:.0%})" for c, _, p, t in exp["wrong"]]
+    # One tile per wrong image, most confident first, each captioned (wrapped at spaces to its column's width).
+    assert len(tiles) == len(exp["wrong"])
+    captions = [ax.get_title().replace("\n", " ") for ax in tiles]
+    assert captions == [f"{names[p]} / {names[t]} ({c:.0%})" for c, _, p, t in exp["wrong"]]
+    for ax, (_, image, _, _) in zip(tiles, exp["wrong"], strict=True):
+        assert ax.images[0].get_array().shape[:2] == image.shape[-2:]  # the image itself, not a resized copy
 
 
 @pytest.mark.claim("report-in-loggers")
@@ -148,9 +182,12 @@ def test_report_works_without_test_results():
     assert lines == {"train": [0, 1], "val": [0]}
     assert _texts(ax_acc) == ["no epochs logged"]
     assert [list(line.get_ydata()) for line in ax_lr.lines] == [[0.1, 0.2]]
-    ax_cm, ax_wrong = fig.subfigs[1].axes
+    assert [line.get_label() for line in ax_lr.lines] == [
+        "pg1"
+    ]  # an unnamed group: LearningRateMonitor's name
+    ax_cm, wrong_panel, tiles = _panels(fig)
     assert _texts(ax_cm) == ["confusion matrix: after test"] and not ax_cm.images
-    assert ax_wrong.get_title() == "no wrong test images"
+    assert wrong_panel.get_suptitle() == "no wrong test images" and not tiles
 
 
 def test_report_history_survives_checkpoint_restore():
@@ -166,3 +203,76 @@ def test_report_history_survives_checkpoint_restore():
     # The test after fit restores the best (earlier) checkpoint: the epochs seen in this process win.
     resumed.load_state_dict({"epochs": {0: {"val/acc": 0.1}}, "lrs": {0: [1e-3]}})
     assert resumed.state_dict()["epochs"][2] == {"val/acc": 0.3}
+    # Group names: this process's when it recorded some, else the checkpoint's.
+    assert resumed.state_dict()["lr_names"] == []
+    resumed.load_state_dict({"lr_names": ["decay", "no_decay"]})
+    assert resumed.state_dict()["lr_names"] == ["decay", "no_decay"]
+    resumed.lr_names = ["head"]
+    assert resumed.state_dict()["lr_names"] == ["head"]
+
+
+def test_report_lr_lines_named_and_equal_groups_shared():
+    # Fine-tuning's four groups: the backbone's two at one rate, the head's two at another.
+    names = ["backbone", "backbone_no_decay", "head", "head_no_decay"]
+    lrs = [[1e-4 * s, 1e-4 * s, 1e-3 * s, 1e-3 * s] for s in range(5)]
+    fig = report_figure({}, lrs, None, [], None, 50, names)
+    ax_lr = fig.subfigs[0].axes[2]
+    _assert_lr_lines(ax_lr, lrs, names)
+    assert [line.get_label() for line in ax_lr.lines] == [
+        "backbone, backbone_no_decay",
+        "head, head_no_decay",
+    ]
+    assert [t.get_text() for t in ax_lr.get_legend().get_texts()] == [
+        line.get_label() for line in ax_lr.lines
+    ]
+    lrs[2][1] = 0.5  # one step differs: two lines, not one hiding the other
+    fig = report_figure({}, lrs, None, [], None, 50, names)
+    _assert_lr_lines(fig.subfigs[0].axes[2], lrs, names)
+    assert len(fig.subfigs[0].axes[2].lines) == 3
+
+
+# CIFAR-100's longest class names are 13 characters ("aquarium_fish"); these are 13-15.
+LONG_NAMES = [f"{'aquarium_fish' if i % 2 else 'sweet_pepper'}_{i}" for i in range(100)]
+
+
+@pytest.mark.claim("report-captions-clear")
+@pytest.mark.parametrize("num_classes", [2, 10, 100])
+def test_report_captions_clear_of_images(num_classes):
+    """No caption of a wrong image overlaps any image (tile or confusion matrix) nor another caption, for 2, 10 and
+    100 classes, grey and RGB, 8x8 and 224x224 inputs; small images are drawn as large as large ones."""
+    gen = torch.Generator().manual_seed(num_classes)
+    names = LONG_NAMES[:num_classes] if num_classes > 10 else [str(i) for i in range(num_classes)]
+    confusion = torch.randint(0, 30, (num_classes, num_classes), generator=gen)
+    sides = {}
+    # Every combination for the longest captions (100 classes); grey 8x8 and RGB 224x224 for the others (each render
+    # is ~0.5 CPU s).
+    combos = itertools.product((1, 3), (8, 224)) if num_classes == 100 else ((1, 8), (3, 224))
+    for channels, size in combos:
+        wrong = [
+            (
+                0.99 - k / 100,
+                torch.rand(channels, size, size, generator=gen),
+                (k + 1) % num_classes,
+                k % num_classes,
+            )
+            for k in range(16)  # RunReport's default num_wrong
+        ]
+        fig = report_figure({}, [[1e-3]], confusion, wrong, names, 80)  # RunReport's default dpi
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax_cm, _, tiles = _panels(fig)
+        assert len(tiles) == 16
+        images = [ax.images[0].get_window_extent(renderer) for ax in tiles] + [
+            ax_cm.get_window_extent(renderer)
+        ]
+        captions = [ax.title.get_window_extent(renderer) for ax in tiles]
+        for k, box in enumerate(captions):
+            hits = [i for i, image in enumerate(images) if box.overlaps(image)]
+            assert not hits, (
+                f"caption {k} {tiles[k].get_title()!r} overlaps images {hits} ({channels}x{size}px)"
+            )
+            others = [i for i, other in enumerate(captions) if i != k and box.overlaps(other)]
+            assert not others, f"caption {k} overlaps captions {others} ({channels}x{size}px)"
+        sides[(channels, size)] = round(images[0].width, 3)
+    # The tiles' size depends on the panel and the captions only, not on the image size or colour.
+    assert len(set(sides.values())) == 1, sides

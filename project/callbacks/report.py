@@ -1,8 +1,13 @@
 """RunReport: `<run dir>/report.png` after fit and after test, also logged as an image to the active loggers.
 
-Panels: train/val loss and accuracy per epoch, the learning rate of every parameter group per step, the test
-confusion matrix with class names, and the most confidently wrong test images. matplotlib is imported here
-only, when a report is drawn, so that runs without this callback never pay for it.
+Panels: train/val loss and accuracy per epoch, the learning rate of every parameter group per step (labelled with
+the groups' `name`, as LearningRateMonitor tags them; groups whose rates are equal at every step share one line),
+the test confusion matrix with class names, and the most confidently wrong test images. matplotlib is imported
+here only, when a report is drawn, so that runs without this callback never pay for it.
+
+The confusion matrix is torchmetrics' own `MulticlassConfusionMatrix.plot(ax=..., labels=...)`. Up to 15 classes
+every cell's count is written in it; above 30 classes the class names are left off the axes (100 names on a
+5-inch axis overlap into an unreadable band) and every 10th class index is marked instead.
 """
 
 from pathlib import Path
@@ -29,7 +34,12 @@ class RunReport(Callback):
         self.filename, self.num_wrong, self.dpi = filename, num_wrong, dpi
         self.epochs: dict[int, dict[str, float]] = {}  # epoch -> {"train/loss": ..., ...}
         self.lrs: dict[int, list[float]] = {}  # global step -> the lr of each parameter group
-        self._restored: dict = {"epochs": {}, "lrs": {}}  # from a checkpoint: the part of the run before it
+        self.lr_names: list[str] = []  # each parameter group's `name` (LearningRateMonitor's tag suffix)
+        self._restored: dict = {
+            "epochs": {},
+            "lrs": {},
+            "lr_names": [],
+        }  # from a checkpoint: the run before it
         self._reset_test()
 
     # -- collecting ----------------------------------------------------------------------------------------
@@ -40,7 +50,10 @@ class RunReport(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.optimizers:  # plain floats from the optimizer: no device sync
-            self.lrs[trainer.global_step] = [g["lr"] for g in trainer.optimizers[0].param_groups]
+            groups = trainer.optimizers[0].param_groups
+            self.lrs[trainer.global_step] = [g["lr"] for g in groups]
+            if len(self.lr_names) != len(groups):
+                self.lr_names = group_names(groups)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:  # runs after the module logged val/* for this epoch
@@ -92,11 +105,16 @@ class RunReport(Callback):
         return {
             "epochs": {**self._restored["epochs"], **self.epochs},
             "lrs": {**self._restored["lrs"], **self.lrs},
+            "lr_names": self.lr_names or self._restored["lr_names"],
         }
 
     def load_state_dict(self, state: dict) -> None:
         # Kept apart: restoring the best checkpoint for the test after fit must not drop the later epochs.
-        self._restored = {"epochs": dict(state.get("epochs", {})), "lrs": dict(state.get("lrs", {}))}
+        self._restored = {
+            "epochs": dict(state.get("epochs", {})),
+            "lrs": dict(state.get("lrs", {})),
+            "lr_names": list(state.get("lr_names", [])),
+        }
 
     # -- drawing -------------------------------------------------------------------------------------------
     def _draw(self, trainer: "L.Trainer") -> None:
@@ -106,7 +124,7 @@ class RunReport(Callback):
         history = self.state_dict()  # what this process saw wins over the restored part
         lrs = [history["lrs"][step] for step in sorted(history["lrs"])]
         names = getattr(trainer.datamodule, "class_names", None)
-        image = render(history["epochs"], lrs, self.matrix, self.wrong, names, self.dpi)
+        image = render(history["epochs"], lrs, self.matrix, self.wrong, names, self.dpi, history["lr_names"])
         run_dir.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
@@ -124,18 +142,26 @@ def _log_image(logger, image, step: int) -> None:
         logger.log_image("report", [image], step=step)
 
 
-def render(epochs, lrs, confusion, wrong, class_names, dpi: int):
+def group_names(param_groups: list[dict]) -> list[str]:
+    """Each group's `name`, else `pg<i>` (1-based), as LearningRateMonitor names its tags `lr-<Optimizer>/<name>`."""
+    return [str(g.get("name") or f"pg{i + 1}") for i, g in enumerate(param_groups)]
+
+
+def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None):
     """The report as an (H, W, 3) uint8 array; confusion is a (num_classes, num_classes) tensor or None."""
     import numpy as np
 
-    fig = report_figure(epochs, lrs, confusion, wrong, class_names, dpi)
+    fig = report_figure(epochs, lrs, confusion, wrong, class_names, dpi, lr_names)
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
-def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int):
-    """The report's matplotlib Figure (what `render` rasterises): its axes hold the data drawn."""
-    import numpy as np
+def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None):
+    """The report's matplotlib Figure (what `render` rasterises): its axes hold the data drawn.
+
+    Layout: `fig.subfigs[0]` holds the loss, accuracy and learning-rate axes; `fig.subfigs[1].subfigs[0]` the
+    confusion matrix, `fig.subfigs[1].subfigs[1]` one axes per wrong image, captioned by its title.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -154,74 +180,101 @@ def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int):
             ax.legend()
         else:
             ax.text(0.5, 0.5, "no epochs logged", ha="center", transform=ax.transAxes)
-    if lrs:
-        for g, series in enumerate(zip(*lrs, strict=True)):
-            ax_lr.plot(series, label=f"group {g}")
-        ax_lr.legend(fontsize="small")
-    ax_lr.set(title="learning rate per step", xlabel="step")
-
-    ax, ax_wrong = bottom.subplots(1, 2)
-    if confusion is not None:
-        cm = confusion.numpy()
-        n = cm.shape[0]
-        names = class_names if class_names and len(class_names) == n else [str(i) for i in range(n)]
-        ax.imshow(cm, cmap="Blues")
-        ticks = range(n) if n <= 30 else []
-        ax.set_xticks(list(ticks), [names[i] for i in ticks], rotation=90, fontsize="small")
-        ax.set_yticks(list(ticks), [names[i] for i in ticks], fontsize="small")
-        if n <= 15:
-            for i in range(n):
-                for j in range(n):
-                    ax.text(
-                        j,
-                        i,
-                        int(cm[i, j]),
-                        ha="center",
-                        va="center",
-                        fontsize="x-small",
-                        color="white" if cm[i, j] > cm.max() / 2 else "black",
-                    )
-        ax.set(
-            title=f"test confusion matrix (accuracy {np.trace(cm) / max(1, cm.sum()):.1%})",
-            xlabel="predicted",
-            ylabel="true",
-        )
-    else:
-        ax.set_axis_off()
-        ax.text(0.5, 0.5, "confusion matrix: after test", ha="center")
-    _wrong_grid(ax_wrong, wrong, class_names)
+    _lr_lines(ax_lr, lrs, lr_names)
+    left, right = bottom.subfigures(1, 2)
+    _confusion(left.subplots(), confusion, class_names)
+    _wrong_grid(right, wrong, class_names)
     return fig
 
 
-def _wrong_grid(ax, wrong, class_names) -> None:
-    """One mosaic image (one axes, not one per image: drawing stays fast), each tile captioned."""
-    from torchvision.utils import make_grid
+def _lr_lines(ax, lrs, lr_names) -> None:
+    """One line per distinct series; groups with the same rate at every step share it, labelled with all names."""
+    if lrs:
+        series = list(zip(*lrs, strict=True))
+        names = (
+            list(lr_names)
+            if lr_names and len(lr_names) == len(series)
+            else [f"pg{g + 1}" for g in range(len(series))]
+        )
+        lines: dict[tuple, list[str]] = {}  # identical series -> the names that share it (insertion order)
+        for name, values in zip(names, series, strict=True):
+            lines.setdefault(tuple(values), []).append(name)
+        for values, shared in lines.items():
+            ax.plot(values, label=", ".join(shared))
+        ax.legend(fontsize="small")
+    ax.set(title="learning rate per step", xlabel="step")
 
-    ax.set_axis_off()
-    ax.set_title(
+
+def _confusion(ax, confusion, class_names) -> None:
+    import numpy as np
+
+    if confusion is None:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "confusion matrix: after test", ha="center")
+        return
+    n = confusion.shape[0]
+    names = list(class_names) if class_names and len(class_names) == n else [str(i) for i in range(n)]
+    MulticlassConfusionMatrix(num_classes=n).plot(
+        val=confusion, ax=ax, labels=names, add_text=n <= 15, cmap="Blues"
+    )
+    if n > 30:  # names would overlap: every 10th class index instead
+        ticks = list(range(0, n, 10))
+        ax.set_xticks(ticks, [str(i) for i in ticks], rotation=0)
+        ax.set_yticks(ticks, [str(i) for i in ticks], rotation=0)
+    ax.tick_params(labelsize="small")
+    for text in ax.texts:
+        text.set_fontsize("x-small")
+    cm = confusion.numpy()
+    ax.set_title(f"test confusion matrix (accuracy {np.trace(cm) / max(1, cm.sum()):.1%})", fontsize="large")
+    ax.set_xlabel("predicted" if n <= 30 else "predicted (class index)", fontsize="medium")
+    ax.set_ylabel("true" if n <= 30 else "true (class index)", fontsize="medium")
+
+
+# Caption font size (points) of the wrong images; the panel they share (inches: half the figure's width, about
+# half its height less the panel title); the height kept for a caption of two lines (inches).
+CAPTION_PT, PANEL_IN, PANEL_HEIGHT_IN, CAPTION_IN = 8.0, 7.5, 4.6, 0.3
+
+
+def grid_shape(count: int) -> tuple[int, int]:
+    """(rows, columns) for `count` images that makes each image largest in the panel: 16 images go in 3 x 6."""
+
+    def side(columns: int) -> float:
+        rows = -(-count // columns)
+        return min(PANEL_IN / columns, PANEL_HEIGHT_IN / rows - CAPTION_IN)
+
+    columns = max(range(1, count + 1), key=side)  # max() keeps the first best: the fewest columns
+    return -(-count // columns), columns
+
+
+def caption(pred: str, true: str, conf: float, columns: int) -> str:
+    """`pred / true (confidence)`, wrapped to the width of one tile's column (so no caption runs into the next)."""
+    import textwrap
+
+    chars = max(8, int(PANEL_IN * 72 / columns / (0.7 * CAPTION_PT)))  # <= 0.7 em per character (DejaVu Sans)
+    return textwrap.fill(f"{pred} / {true} ({conf:.0%})", chars, break_long_words=True)
+
+
+def _wrong_grid(subfig, wrong, class_names) -> None:
+    """One axes per image, its caption the axes' title: constrained layout then keeps every caption clear of
+    every image, whatever the image size, the number of images or the length of the class names, and the
+    images fill the panel (an 8x8 image is drawn as large as a 224x224 one)."""
+    subfig.suptitle(
         "most confidently wrong test images: predicted / true (confidence)"
         if wrong
         else "no wrong test images"
     )
     if not wrong:
         return
-    side = max(1, int(len(wrong) ** 0.5 + 0.999))
-    tiles = []
-    for _, img, _, _ in wrong:
-        img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)  # (C, H, W) to [0, 1] for display
-        tiles.append(img.expand(3, -1, -1) if img.shape[0] == 1 else img[:3])
-    size = max(t.shape[-1] for t in tiles)
-    tiles = [torch.nn.functional.interpolate(t[None], size=(size, size), mode="nearest")[0] for t in tiles]
-    pad = max(2, size // 3)  # room for the caption above each tile
-    grid = make_grid(tiles, nrow=side, padding=pad, pad_value=1.0)  # (3, H, W)
-    ax.imshow(grid.permute(1, 2, 0).numpy(), interpolation="nearest")
+    rows, columns = grid_shape(len(wrong))
+    axes = subfig.subplots(rows, columns, squeeze=False).flatten()
     name = (lambda i: class_names[i]) if class_names else str
-    for k, (conf, _, pred, true) in enumerate(wrong):
-        row, col = divmod(k, side)
-        ax.text(
-            pad + col * (size + pad),
-            pad + row * (size + pad) - pad * 0.15,
-            f"{name(pred)} / {name(true)} ({conf:.0%})",
-            fontsize="small",
-            va="bottom",
-        )
+    for ax, (conf, img, pred, true) in zip(axes, wrong, strict=False):
+        img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)  # (C, H, W) to [0, 1] for display
+        if img.shape[0] == 1:
+            ax.imshow(img[0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+        else:
+            ax.imshow(img[:3].permute(1, 2, 0).numpy(), interpolation="nearest")
+        ax.set_title(caption(name(pred), name(true), conf, columns), fontsize=CAPTION_PT, pad=2, va="bottom")
+        ax.set_axis_off()
+    for ax in axes[len(wrong) :]:
+        ax.remove()
