@@ -9,12 +9,17 @@
 #                                             pip --no-index --no-deps --target, then run the stages (<= 5 min)
 #   scripts/gpu_check.sh --dry-run [OUT_DIR]  anywhere, on CPU, tiny sizes: the same install and the same stages
 #
-# OUT_DIR defaults to runs/gpu_check. PYTHON (default python3) is the Python that runs everything: on the GPU
-# machine its own, with torch; nothing is installed into it.
+# OUT_DIR defaults to runs/gpu_check.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
-python=${PYTHON:-python3}
+# The Python that runs everything, as the Makefile picks it: $PYTHON, else the active virtualenv's or conda env's,
+# else ./.venv's, else python3 (the GPU machine's own, with torch: nothing is installed into it).
+python=${PYTHON:-}
+for candidate in "${VIRTUAL_ENV:-}" "${CONDA_PREFIX:-}" "$root/.venv"; do
+  if [[ -z $python && -n $candidate && -x $candidate/bin/python ]]; then python=$candidate/bin/python; fi
+done
+python=${python:-python3}
 wheels=${GPU_CHECK_WHEELS:-$here/gpu_wheels}
 # What the GPU machine's Python lacks: jsonargparse and the extras of jsonargparse[signatures] (pure Python). It
 # has torch, lightning, torchmetrics, torchvision, tensorboard, rich, PyYAML and typing-extensions. wandb is
@@ -27,7 +32,7 @@ for arg in "$@"; do
   case "$arg" in
     --prepare) mode=prepare ;;
     --dry-run) mode=dry-run ;;
-    -h | --help) sed -n '2,15p' "$0" | cut -c3-; exit 0 ;;
+    -h | --help) sed -n '2,12p' "$0" | cut -c3-; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
     *) out=$arg ;;
   esac

@@ -186,3 +186,35 @@ def test_environment_stage_refuses_old_torch():
     assert FLOOR == (2, 6)
     assert _version("2.11.0+cu130") >= FLOOR and _version("2.6.0") >= FLOOR and _version("2.14.1") >= FLOOR
     assert _version("2.5.1+cu124") < FLOOR
+
+
+@pytest.mark.claim("gpu-check-json")
+def test_sync_probe_lists_each_sync_with_its_step(tmp_path):
+    """The sync window's recorder (gpu_check_probes.Probe), fed the warning torch issues on a GPU under
+    set_sync_debug_mode("warn"): a sync at a step that is not a logging step fails the check and is listed with its
+    step and stack; one at a logging step is listed and allowed; other warnings pass through untouched."""
+    import warnings
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from gpu_check_probes import Probe
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    probe = Probe(str(tmp_path), window_epoch=0, window_start=2, window_steps=3)
+    trainer = SimpleNamespace(global_step=2, current_epoch=0, log_every_n_steps=10, is_global_zero=True)
+    assert probe._in_window_start(trainer, batch_idx=2) and not probe._in_window_start(trainer, batch_idx=1)
+    with warnings.catch_warnings(record=True) as others:
+        warnings.simplefilter("always")
+        probe._open_window(trainer, torch.device("cpu"))
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)  # torch's text (c10/cuda)
+        warnings.warn("something else", stacklevel=1)
+        trainer.global_step = 9  # (9 + 1) % log_every_n_steps == 0: Lightning logs at this step
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        probe._close_window(trainer)
+    assert [str(w.message) for w in others] == ["something else"]
+    report = json.loads((tmp_path / "sync_debug.json").read_text())
+    assert [(s["global_step"], s["logging_step"]) for s in report["syncs"]] == [(2, False), (9, True)], report
+    assert report["syncs_outside_logging_steps"] == 1 and report["passed"] is False
+    assert any("test_gpu_check.py" in frame for frame in report["syncs"][0]["stack"])
+    assert report["detector"] == "none (no CUDA)" and report["canary_caught"] is None
