@@ -215,13 +215,16 @@ def replay_inputs(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, dict]:
 @pytest.mark.timeout(TEST_DEADLINE_S)
 def test_two_torchrun_nodes_train_together_and_match_one_process_bit_for_bit(tmp_path):
     epochs = 4  # 80 optimizer steps: the 20-step warmup and part of the cosine
-    # --run_id two-nodes: every rank of both nodes derives runs/two-nodes from torchrun's rendezvous id.
+    # torchrun.sh runs from the checkout (for configs/), where every rank would derive runs/two-nodes from the
+    # rendezvous id (tests/test_ddp_units.py); this test names its run directory in tmp_path for all of them.
     port, run_dir = free_port(), tmp_path / "runs" / "two-nodes"
     # Two "nodes" of one process each on one machine: one thread each, or they oversubscribe the cores
     # (the CLI splits the cores only between the processes of one node).
     env = env_for_children() | {"PY": sys.executable, "OMP_NUM_THREADS": "1"}
     flags = [
         "--",
+        "--run_dir",
+        run_dir,
         *QUIET,
         "--trainer.max_epochs",
         epochs,
@@ -277,7 +280,7 @@ def test_two_torchrun_nodes_train_together_and_match_one_process_bit_for_bit(tmp
     ]
 
     r0, r1 = ranks(tmp_path / "probe")
-    assert r0["run_dir"] == r1["run_dir"] == "runs/two-nodes"  # each node's rank named it alike
+    assert r0["run_dir"] == r1["run_dir"] == str(run_dir)  # each node's rank took the one given
     assert_disjoint_reshuffled_shards(
         r0, r1, epochs, sampler="DistributedSamplerWrapper", train_size=TRAIN_DEFAULT_SPLIT
     )
