@@ -7,6 +7,7 @@
 #   make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/
 #   make export CKPT=runs/<run>/checkpoints/last.ckpt
 #   make doctor                is this machine ready to train?
+#   make tensorboard           watch the runs under runs/ in TensorBoard: http://127.0.0.1:6006/ (PORT=...)
 # The environment: the active virtualenv or conda env if there is one, else ./.venv (created here).
 # Packages are (re)installed only when pyproject.toml or constraints.txt changed.
 # INSTALL=0 (make train INSTALL=0, ...) installs nothing: it checks that the environment satisfies pyproject.toml
@@ -19,6 +20,8 @@ ARGS   ?=
 # train-ddp: processes per node (default: every GPU, or 2 CPU processes when nvidia-smi finds none) and nodes.
 NPROC  ?= $(if $(shell nvidia-smi -L 2>/dev/null),auto,2)
 NODES  ?= 1
+# tensorboard: the port it listens on, on 127.0.0.1 only (not reachable from other machines).
+PORT   ?= 6006
 
 ifdef VIRTUAL_ENV
 ENV_DIR := $(VIRTUAL_ENV)
@@ -34,7 +37,7 @@ ifeq ($(INSTALL)$(wildcard $(PY)),0)  # INSTALL=0 without an env or ./.venv: the
 PY := $(PYTHON)
 endif
 
-.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick mutants
+.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick mutants tensorboard
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -70,6 +73,9 @@ export: $(STAMP)  ## export CKPT=<checkpoint> to ONNX + torch.export, checked ag
 
 doctor: $(STAMP)  ## check the machine and the config before training (CONFIG, ARGS as for train)
 	$(PY) -m project doctor --config $(CONFIG) $(ARGS)
+tensorboard: $(STAMP)  ## TensorBoard on runs/ at http://127.0.0.1:6006/ (PORT=...): scalars, report, HPARAMS
+	@echo "TensorBoard on runs/: http://127.0.0.1:$(PORT)/  (Ctrl-C stops it)"
+	$(PY) -m tensorboard.main --logdir runs --host 127.0.0.1 --port $(PORT)
 resume: $(STAMP)  ## continue the most recent run from its checkpoints/last.ckpt, in its own run dir (extra flags: ARGS)
 	$(PY) -m project fit --config $(CONFIG) --ckpt_path last $(ARGS)
 

@@ -118,6 +118,8 @@ COMMANDS = {
     "make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/": "test_predict",
     "make export CKPT=runs/<run>/checkpoints/last.ckpt": "test_export",
     "make doctor": "test_doctor",
+    "make tensorboard": "not run here: tests/test_tensorboard.py runs it as typed (plus a free PORT) on the session's "
+    "finished run and queries the server",
     PRESET: "test_debug_preset",
     FINETUNE: "not run here: resnet18 at 224 pixels from a local .pth cost 24 CPU s, more than any other command "
     "(2026-12-01, AMD EPYC, 2 cores); tests/test_finetune.py runs configs/finetune.yaml with local weights in-process",
