@@ -53,10 +53,13 @@ class ClassificationModule(L.LightningModule):
         channels_last: keep weights and image batches in NHWC memory format (faster convolutions on GPUs
             with tensor cores; `make bench` shows its effect).
 
-    Labels: torchmetrics checks every batch's labels (`validate_args`) unless the Trainer's data module has a
+    Labels: torchmetrics checks every batch's inputs (`validate_args`) unless the Trainer's data module has a
     true `labels_checked` attribute, its promise that every label was checked to be in [0, num_classes) before
-    training (ImageClassificationDataModule does it once, in project/data/validate.py). The per-batch check cost
-    a third of a metric update, ~65 us a training step on the digits ConvNet (2 CPU cores).
+    training (ImageClassificationDataModule checks them once, in project/data/validate.py). The per-batch check
+    cost a third of a metric update, ~65 us a training step on the digits ConvNet (2 CPU cores). What it checks,
+    in torchmetrics 1.9.0 with float logits: the shapes (logits (N, C), labels (N,)); its check of the label
+    values runs for integer predictions only. CrossEntropy raises on labels >= num_classes or < 0, except -100
+    (its ignore_index, skipped silently).
 
     `test_step` returns the batch's float32 logits, shape (batch, num_classes): callbacks read them as the
     `outputs` of `on_test_batch_end` (RunReport's confusion matrix and wrong examples) instead of running the

@@ -30,8 +30,9 @@ class WarmupCosine(LRScheduler):
     ClassificationModule calls it from `on_train_start`, with `trainer.estimated_stepping_batches`. Until then
     the factor is 0. Why not when it is built: Lightning builds schedulers in `configure_optimizers`, before a
     resumed run's checkpoint is restored, and asking for `estimated_stepping_batches` there sets up the train
-    loader early, so the loader position restored from the checkpoint would be lost (Lightning issue 20550 on
-    GitHub). By `on_train_start` the loader exists and has been restored.
+    loader early, so the loader position restored from the checkpoint would be lost
+    (github.com/Lightning-AI/pytorch-lightning/issues/20550). By `on_train_start` the loader exists and has been
+    restored.
 
     Args:
         optimizer: the optimizer whose groups it schedules (LightningCLI passes it: `LRSchedulerCallable`).

@@ -128,6 +128,7 @@ def test_adamw_uses_the_fused_kernel_where_torch_has_one():
     assert plain.configure_optimizers()["optimizer"].defaults["fused"] is False
 
 
+@pytest.mark.claim("ddp-lr-scaling")
 def test_lr_scaling_linear_scales_every_group_of_any_optimizer():
     """lr_scaling: linear multiplies each group's lr (the schedule's peak, initial_lr) by the world size."""
     for optimizer, lr in ((adamw(lr=0.003), 0.003), (partial(torch.optim.SGD, lr=0.1, momentum=0.9), 0.1)):
