@@ -2,7 +2,8 @@
 
 Prints versions, the CUDA build against the driver, GPUs, distributed backends, CPUs and loader workers,
 the run directory and the configured data; then one `ok:` or `problem:` line per check, each problem with its
-fix. Exits 1 when a problem would stop `make train`. Reads the same configs as `fit` (default.yaml first).
+fix. Exits 1 when a problem would stop `make train`. The config is the one `fit` would run, read by the CLI's own
+parser (`training_config`).
 """
 
 import os
@@ -11,51 +12,40 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
-import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+class _Parsed(Exception):
+    """Carries the parsed config out of LightningCLI's constructor, before it builds anything."""
 
-
-def load_config(args: list[str]) -> tuple[dict, list[str]]:
-    """default.yaml, then each --config file, then dotted --key value overrides (values parsed as YAML)."""
-    files, overrides, i = [CONFIG_DIR / "default.yaml"], [], 0
-    while i < len(args):
-        key, _, value = args[i].partition("=")
-        if not key.startswith("--"):
-            raise SystemExit(
-                f"doctor: unexpected argument '{args[i]}'; use --config FILE or --dotted.key VALUE."
-            )
-        if not value:
-            i, value = i + 1, args[i + 1] if i + 1 < len(args) else ""
-        if key == "--config":
-            files.append(Path(value))
-        else:
-            overrides.append((key[2:], yaml.safe_load(value)))
-        i += 1
-    config, problems = {}, []
-    for f in files:
-        if not f.is_file():
-            problems.append(f"config file '{f}' does not exist. fix: check the --config / CONFIG path.")
-            continue
-        _merge(config, yaml.safe_load(f.read_text()) or {})
-    for key, value in overrides:
-        node = config
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return config, problems
+    def __init__(self, config) -> None:
+        super().__init__("config parsed")
+        self.config = config
 
 
-def _merge(into: dict, new: dict) -> None:
-    for key, value in new.items():
-        key = key.rstrip("+")  # `logger+:` appends; for these checks a replace is enough
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
+def training_config(args: list[str]) -> dict:
+    """The `fit` config that `python -m project fit ARGS` would train with, as a plain dict.
+
+    Parsed by the CLI's own parser (build_cli): configs/default.yaml, each --config overlay with its `+` appends,
+    the dotted flags, defaults and types, exactly as `make train` reads them. The CLI stops right after parsing:
+    no run directory is made, no data is loaded, no class is built. Raises jsonargparse's ArgumentError (or a
+    ConfigError for a checkpoint that cannot be read) when `make train` would refuse the same arguments.
+    """
+    from project.cli import ProjectCLI, build_cli
+
+    class ParseOnly(ProjectCLI):
+        def parse_arguments(self, parser, args) -> None:
+            super().parse_arguments(parser, args)
+            raise _Parsed(self.config)
+
+    try:
+        with warnings.catch_warnings():  # args given in-process: Lightning asks whether sys.argv was meant
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            build_cli(["fit", *args], cli_class=ParseOnly)
+    except _Parsed as parsed:
+        return parsed.config.fit.as_dict()
+    raise AssertionError("ProjectCLI returned without parsing its arguments")  # parse_arguments always raises
 
 
 def _driver() -> tuple[str | None, str | None]:
@@ -122,17 +112,36 @@ def check_data(data: dict) -> tuple[str, str | None]:
     )
 
 
+def _logger_classes(logger) -> list[str]:
+    """Class names of the configured loggers, one per class as the CLI keeps them (first position, last settings)."""
+    if logger is True:  # Lightning's default
+        return ["TensorBoardLogger"]
+    entries = logger if isinstance(logger, list) else [logger] if isinstance(logger, dict) else []
+    return list(dict.fromkeys(str(e.get("class_path", "?")).rsplit(".", 1)[-1] for e in entries))
+
+
 def doctor(args: list[str]) -> int:
     import lightning
     import torch
     import torch.distributed as dist
     import torchmetrics
+    from jsonargparse import ArgumentError
 
-    from project.data.datamodule import default_num_workers
+    from project.cpus import usable_cpus
+    from project.data.workers import default_num_workers
+    from project.errors import ConfigError
 
-    config, problems = load_config(args)
-    blocking, notes = list(problems), []
-    trainer, data = config.get("trainer", {}) or {}, config.get("data", {}) or {}
+    blocking, notes = [], []
+    try:
+        config: dict | None = training_config(args)
+    except (ArgumentError, ConfigError) as err:
+        config = None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        blocking.append(
+            f"`make train` would refuse these arguments ({first}). "
+            "fix: correct the flag or config file (`python -m project fit --help` lists every key)."
+        )
+    trainer, data = (config or {}).get("trainer") or {}, (config or {}).get("data") or {}
     say = print
     say(f"python        {platform.python_version()} ({sys.executable})")
     say(
@@ -156,30 +165,31 @@ def doctor(args: list[str]) -> int:
         dist.is_available() and dist.is_gloo_available(),
     )
     say(f"distributed   NCCL {nccl}, gloo {gloo}")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     source = (data.get("init_args") or {}).get("source", "digits")
     configured = (data.get("init_args") or {}).get("num_workers")
-    procs = torch.cuda.device_count() if available else 1
-    # In-memory sources (everything but imagefolder) load with 0 workers; see default_num_workers.
-    workers = (
-        configured
-        if configured is not None
-        else (default_num_workers(object(), procs) if source == "imagefolder" else 0)
-    )
-    say(f"CPUs          {cpus} usable; data loader workers per process: {workers}")
-    run_dir = Path(config.get("run_dir") or "runs")
+    devices = str(trainer.get("devices", "auto"))
+    procs = int(devices) if devices.isdigit() else (torch.cuda.device_count() if available else 1)
+    # Only ImageFolder decodes files per sample; every other source is a tensor in memory (0 workers).
+    workers = configured if configured is not None else default_num_workers(source == "imagefolder", procs)
+    say(f"CPUs          {usable_cpus()} usable; data loader workers per process: {workers}")
+    run_dir = Path((config or {}).get("run_dir") or "runs")
     writable = _writable(run_dir)
     say(f"run dir       {run_dir.resolve()} ({'writable' if writable else 'NOT writable'})")
-    loggers = trainer.get("logger") if isinstance(trainer.get("logger"), list) else []
-    if any(str(lg.get("class_path", "")).endswith("WandbLogger") for lg in loggers if isinstance(lg, dict)):
-        from project.loggers import wandb_key_configured
+    data_problem = None
+    if config is None:
+        say("config        not read: see the problem below")
+    else:
+        loggers = _logger_classes(trainer.get("logger"))
+        say(f"loggers       {', '.join(loggers) or 'none'}")
+        if "WandbLogger" in loggers:
+            from project.loggers import wandb_key_configured
 
-        mode = os.environ.get("WANDB_MODE") or (
-            "online" if wandb_key_configured() else "offline (no API key)"
-        )
-        say(f"W&B           {mode}")
-    data_text, data_problem = check_data(data)
-    say(f"data          {data_text}")
+            mode = os.environ.get("WANDB_MODE") or (
+                "online" if wandb_key_configured() else "offline (no API key)"
+            )
+            say(f"W&B           {mode}")
+        data_text, data_problem = check_data(data)
+        say(f"data          {data_text}")
     say("")
 
     accel = str(trainer.get("accelerator", "auto"))
@@ -220,7 +230,7 @@ def doctor(args: list[str]) -> int:
         )
     if data_problem:
         blocking.append(data_problem)
-    else:
+    elif config is not None:
         say(f"ok: data ({source}) is present.")
     for text in notes:
         say(f"problem (training still starts): {text}")

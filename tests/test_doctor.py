@@ -1,8 +1,11 @@
 """`python -m project doctor`: a report on this machine; exit status 1 only for problems that stop training."""
 
+import pytest
 import torch
+import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import CONFIGS, run_cli
+from tests.trained_run import trained_run
 
 
 def test_doctor_on_this_machine(in_tmp, capsys):
@@ -54,3 +57,18 @@ def test_doctor_unwritable_run_dir_is_a_problem(in_tmp, capsys):
     problem = [ln for ln in out.splitlines() if ln.startswith("problem:")]
     assert "(NOT writable)" in out and len(problem) == 1 and "cannot write" in problem[0]
     assert "--run_dir" in problem[0] and sorted(p.name for p in in_tmp.iterdir()) == ["afile"]
+
+
+@pytest.mark.claim("doctor-reads-config-as-train")
+def test_doctor_reads_an_overlay_as_training_does(in_tmp, tmp_path_factory, capsys):
+    # configs/logger/wandb.yaml appends with `logger+`: training runs TensorBoard, CSV and W&B. The session's W&B
+    # run (tests/trained_run.py: these two overlays, trained in-process) wrote the loggers it ran in config.yaml.
+    run = trained_run(tmp_path_factory)
+    trained = yaml.safe_load((run / "config.yaml").read_text())["trainer"]["logger"]
+    ran = [logger["class_path"].rsplit(".", 1)[-1] for logger in trained]
+    assert ran == ["TensorBoardLogger", "CSVLogger", "WandbLogger"]  # appended, not replaced
+    capsys.readouterr()
+    overlays = ("--config", CONFIGS / "debug/limit_batches.yaml", "--config", CONFIGS / "logger/wandb.yaml")
+    assert run_cli("doctor", *overlays) == 0
+    out = capsys.readouterr().out
+    assert f"loggers       {', '.join(ran)}\n" in out and "W&B           " in out

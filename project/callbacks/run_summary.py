@@ -8,6 +8,8 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from project.rng import run_seed
+
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write to a temporary file and rename, so a crash never leaves half a JSON file."""
@@ -20,11 +22,12 @@ class RunSummary(Callback):
     """Keeps the numbers a run is judged by in one small file, `<run dir>/summary.json`.
 
     Keys: best_val_acc and test_acc (fractions 0-1), best_checkpoint, last_checkpoint, monitor and best_score,
-    epochs, global_step, seed, train_seconds (wall time of trainer.fit, validation included), plus every test/*
-    metric. The selection rule is the checkpoint callback's: `monitor` is its metric (configs/default.yaml:
-    `val/loss`), `best_score` that metric's value at the selected checkpoint, and `best_val_acc` the `val/acc` of
-    that same checkpoint (not the highest `val/acc` of the run). Without a monitored checkpoint callback the
-    final weights are the ones tested: best_val_acc is then the last validation's `val/acc`.
+    epochs, global_step, seed (`seed_everything`'s value, see project.rng.run_seed), train_seconds (wall time of
+    trainer.fit, validation included), plus every test/* metric. The selection rule is the checkpoint callback's:
+    `monitor` is its metric (configs/default.yaml: `val/loss`), `best_score` that metric's value at the selected
+    checkpoint, and `best_val_acc` the `val/acc` of that same checkpoint (not the highest `val/acc` of the run).
+    Without a monitored checkpoint callback the final weights are the ones tested: best_val_acc is then the last
+    validation's `val/acc`.
     """
 
     def __init__(self) -> None:
@@ -54,7 +57,7 @@ class RunSummary(Callback):
             best_score=float(score) if score is not None else None,
             epochs=trainer.current_epoch,
             global_step=trainer.global_step,
-            seed=_seed(),
+            seed=run_seed(),
             train_seconds=round(time.perf_counter() - self._fit_start, 3) if self._fit_start else None,
         )
         self._write(trainer)
@@ -95,8 +98,3 @@ def last_checkpoint(trainer: "L.Trainer") -> str:
 def _metric(trainer: "L.Trainer", key: str) -> float | None:
     value = trainer.callback_metrics.get(key)
     return float(value) if value is not None else None
-
-
-def _seed() -> int | None:
-    seed = os.environ.get("PL_GLOBAL_SEED")
-    return int(seed) if seed is not None else None

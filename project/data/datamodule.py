@@ -14,7 +14,9 @@ from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import ImageTensorDataset, stratified_split
 from project.data.transforms import build_transform, channel_stats
 from project.data.validate import check_batch_size, check_images, check_labels, check_split_sizes
+from project.data.workers import default_num_workers
 from project.errors import ConfigError
+from project.rng import run_seed
 
 Source = Literal["digits", "imagefolder", "cifar10", "mnist", "fashionmnist"]
 
@@ -110,7 +112,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         # Bad data fails before anything is written (README "Bad input": no run directory is left behind).
         # Lightning creates the loggers' files in the run directory between prepare_data and setup, so the data
         # is loaded and checked here, on the first process of each node; setup() keeps what it loaded, and the
-        # other processes load theirs in setup() as before.
+        # other processes load theirs in setup().
         fn = self.trainer.state.fn if self.trainer is not None else None
         self.setup(fn.value if fn is not None else None)
 
@@ -130,7 +132,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         else:
             images, labels = torchvision_datasets.load_split(hp.source, hp.root, True, hp.download)
             test_images, test_labels = torchvision_datasets.load_split(hp.source, hp.root, False, hp.download)
-        # issue #4: fail before training
+        # labels out of range fail before training, not at the first bad batch
         check_labels(labels, self.num_classes, f"The {hp.source} training data")
         check_labels(test_labels, self.num_classes, f"The {hp.source} test data")
         train_idx, val_idx = _stratified(labels, hp.val_fraction, hp.split_seed, "val")
@@ -156,9 +158,8 @@ class ImageClassificationDataModule(L.LightningDataModule):
         self.test_set = ImageTensorDataset(test_images, test_labels, eval_tf)
         self._check_split_sizes(stage)
 
-    def _check_split_sizes(
-        self, stage: str | None
-    ) -> None:  # issue #4: an empty split fails now, not at epoch end
+    def _check_split_sizes(self, stage: str | None) -> None:
+        """An empty split or a batch larger than the training split fails now, not at the end of an epoch."""
         hp = self.hparams
         sizes = {"train": len(self.train_set), "val": len(self.val_set), "test": len(self.test_set)}
         check_split_sizes(sizes, f"val_fraction={hp.val_fraction}, test_fraction={hp.test_fraction}")
@@ -183,7 +184,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
             self.class_names,
             build_transform("none", [0.0] * 3, [1.0] * 3, False, False, size),
         )
-        check_images(stats_base.samples, stats_base.root)  # issue #4: unreadable files fail before training
+        check_images(stats_base.samples, stats_base.root)  # unreadable files fail before training
         self.mean, self.std = _folder_stats(stats_base)
         train_tf, eval_tf = (
             build_transform("natural", self.mean, self.std, train=t, augment=hp.augment, size=size)
@@ -193,24 +194,26 @@ class ImageClassificationDataModule(L.LightningDataModule):
         train_eval = image_folder.split_folder(hp.root, "train", self.class_names, eval_tf)
         labels = train_aug.targets
         index = list(range(len(labels)))
-        test = image_folder.split_folder(hp.root, "test", self.class_names, eval_tf)
-        if test is None:
-            index, test_idx = _carve(labels, index, hp.test_fraction, hp.split_seed, "test")
-            test = Subset(train_eval, test_idx)
-        else:
-            check_images(test.samples, test.root)
-        val = image_folder.split_folder(hp.root, "val", self.class_names, eval_tf)
-        if val is None:
-            index, val_idx = _carve(labels, index, hp.val_fraction, hp.split_seed, "val")
-            val = Subset(train_eval, val_idx)
-        else:
-            check_images(val.samples, val.root)
-        self.train_set, self.val_set, self.test_set = Subset(train_aug, index), val, test
+        held_out = {}
+        for name, fraction in (("test", hp.test_fraction), ("val", hp.val_fraction)):  # test first, as before
+            folder = image_folder.split_folder(hp.root, name, self.class_names, eval_tf)
+            if folder is None:  # no <root>/<name>: carved from train, stratified
+                index, held = _carve(labels, index, fraction, hp.split_seed, name)
+                folder = Subset(train_eval, held)
+            else:
+                check_images(folder.samples, folder.root)
+            held_out[name] = folder
+        self.train_set, self.val_set, self.test_set = (
+            Subset(train_aug, index),
+            held_out["val"],
+            held_out["test"],
+        )
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         workers = self.hparams.num_workers
         if workers is None:
-            workers = default_num_workers(dataset, self.trainer.world_size if self.trainer else 1)
+            local_processes = self.trainer.num_devices if self.trainer is not None else 1
+            workers = default_num_workers(not isinstance(dataset, ImageTensorDataset), local_processes)
         pin = self.hparams.pin_memory if self.hparams.pin_memory is not None else torch.cuda.is_available()
         if train:
             check_batch_size(len(dataset), self._world_size(), self.hparams.batch_size)
@@ -221,14 +224,13 @@ class ImageClassificationDataModule(L.LightningDataModule):
             persistent_workers=workers > 0,
             prefetch_factor=2 if workers > 0 else None,
             # Own generator: creating an iterator then never draws from the global RNG, so validation
-            # cannot shift the training augmentation stream (resume and determinism, issue #4).
+            # cannot shift the training augmentation stream (an exact resume, and the same run for a seed).
             generator=torch.Generator(),
         )
         if train:
             # Shuffled, drop_last (equal-size steps keep BatchNorm stable and every DDP rank in lockstep), and
-            # resumable mid-epoch: its position is saved in checkpoints (issue #4, resumable_loader.py).
-            seed = int(os.environ.get("PL_GLOBAL_SEED", self.hparams.split_seed))
-            return ResumableDataLoader(dataset, seed=seed, **common)
+            # resumable mid-epoch: its position is saved in checkpoints (resumable_loader.py).
+            return ResumableDataLoader(dataset, seed=run_seed(), **common)
         sampler = None
         if self.trainer is not None and self.trainer.world_size > 1:
             # DDP: Lightning's default DistributedSampler pads the last shard with repeated samples so all ranks
@@ -266,8 +268,6 @@ class ImageClassificationDataModule(L.LightningDataModule):
         )
         if train:
             check_batch_size(len(labels), world, self.hparams.batch_size)
-        # Same seed on every rank (seed_everything exports PL_GLOBAL_SEED to DDP children): disjoint shards.
-        seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
         return InMemoryLoader(
             images,
             labels,
@@ -276,7 +276,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
             self.std,
             shuffle=train,
             augment=self.policy if train else "none",
-            seed=seed,
+            seed=run_seed(),  # the same on every rank: the shards are disjoint
             rank=rank,
             world_size=world,
             device=self._device(),
@@ -321,18 +321,6 @@ class ImageClassificationDataModule(L.LightningDataModule):
             raise ConfigError(
                 f"The checkpoint was trained on classes {state['class_names']}, but the data has {self.class_names}."
             )
-
-
-def default_num_workers(dataset: Dataset, processes: int = 1) -> int:
-    """Worker processes per training process: the CPUs left after each process's main thread, at most 8.
-
-    Images already in memory as a tensor need no workers: on 2 CPU cores, 5 digits epochs took 4.5 s with
-    0 workers and 6.8 s with 1 (the worker competes with the main process for the cores).
-    """
-    if isinstance(dataset, ImageTensorDataset):
-        return 0
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(0, min(8, cpus // max(1, processes) - 1))
 
 
 def _resize(images: torch.Tensor, size: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
                 try:
                     with Image.open(f) as im:
                         return classes, (im.height, im.width)
-                except Exception:  # issue #4: an unreadable file is reported with all others at setup
+                except Exception:  # reported with every other unreadable file at setup (check_images)
                     continue
     raise ConfigError(f"'{train}' has class folders {classes} but no images ({', '.join(IMG_EXTENSIONS)}).")
 

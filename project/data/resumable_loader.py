@@ -3,12 +3,16 @@
 Lightning saves the train loader's position in every checkpoint when the *loader object* has
 `state_dict()` / `load_state_dict()` (FitLoop.on_save_checkpoint -> CombinedLoader._state_dicts), and restores
 it in FitLoop.setup_data before the first batch of the resumed run. A plain DataLoader has neither, so this
-subclass provides them; any other loader (e.g. an in-memory batch loader) only needs the same two methods
-plus `set_epoch(epoch)` to plug into the same mechanism.
+subclass provides them (the in-memory loader has the same two methods).
+
+Why not a stock loader: torchdata's StatefulDataLoader has the same two methods, but it is another package
+(not in this template's dependencies), and with a RandomSampler it still needs the order to come from
+(seed, epoch) alone; Lightning's DistributedSampler injection orders by seed + epoch, but only under DDP and
+from the start of an epoch only.
 
 How the position is exact:
-- The order of epoch `e` is `randperm(n)` from a generator seeded with `epoch_seed(seed, e)`: a function of
-  (seed, epoch) only, never of the global RNG, so a resumed process recomputes the same order.
+- The order of epoch `e` is EpochSampler's permutation seeded by (seed, e): a function of (seed, epoch)
+  only, never of the global RNG, so a resumed process recomputes the same order.
 - `state_dict()` records the epoch and the number of batches this loader has *handed out* in it. Lightning
   does not prefetch from loaders with a length, so at a checkpoint (on_train_batch_end) that is exactly the
   number of batches trained on. A resumed iterator skips that many batches' indices without loading them.
@@ -17,6 +21,8 @@ How the position is exact:
   follows a resume is the same sample set, but its random augmentation differs (each worker's RNG has
   consumed a different number of draws); with num_workers=0 augmentation uses the global torch RNG, which
   RNGState restores, so mid-epoch resume is exact.
+- Under DDP, Lightning wraps the sampler in its DistributedSamplerWrapper; that wrapper cannot start mid-epoch,
+  so a mid-epoch resume there restarts the interrupted epoch from its first batch.
 """
 
 from collections.abc import Iterator
@@ -25,30 +31,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from project.rng import epoch_seed
+from project.data.epoch_sampler import EpochSampler
+from project.rng import mix_seed
 
-
-class ResumableSampler(Sampler[int]):
-    """A random permutation per epoch, fixed by (seed, epoch), that can start `start` samples in."""
-
-    def __init__(self, num_samples: int, seed: int = 0) -> None:
-        self.num_samples, self.seed = num_samples, seed
-        self.epoch = 0
-        self.start = 0  # samples to skip in the next iteration only (set when resuming mid-epoch)
-
-    def set_epoch(self, epoch: int) -> None:  # called by Lightning before each epoch
-        self.epoch = epoch
-
-    def order(self) -> list[int]:
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
-        return torch.randperm(self.num_samples, generator=generator).tolist()
-
-    def __iter__(self) -> Iterator[int]:
-        start, self.start = self.start, 0
-        yield from self.order()[start:]
-
-    def __len__(self) -> int:
-        return self.num_samples  # the full epoch: Lightning's epoch length must not shrink after a resume
+WORKER_SEED_STREAM = 1  # mix_seed(seed, epoch, 1): worker base seeds; mix_seed(seed, epoch) is the order
 
 
 class ResumableDataLoader(DataLoader):
@@ -69,7 +55,7 @@ class ResumableDataLoader(DataLoader):
         kwargs.pop("shuffle", None)
         kwargs.pop("drop_last", None)
         kwargs.setdefault("generator", torch.Generator())  # worker base seeds: never from the global RNG
-        sampler = sampler if sampler is not None else ResumableSampler(len(dataset), seed)
+        sampler = sampler if sampler is not None else EpochSampler(len(dataset), shuffle=True, seed=seed)
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kwargs)
         self.seed = seed
         self._batches = 0  # batches handed out in the current epoch
@@ -89,12 +75,12 @@ class ResumableDataLoader(DataLoader):
         ):
             skip = self._resume["batches"]
         self._resume = None
-        if skip and isinstance(self.sampler, ResumableSampler):
-            self.sampler.start = skip * self.batch_size
+        if skip and isinstance(self.sampler, EpochSampler):
+            self.sampler.skip = skip * self.batch_size
         elif skip:
             skip = 0  # a foreign sampler cannot skip; the epoch restarts from its beginning
         if self.generator is not None:
-            self.generator.manual_seed(epoch_seed(self.seed, self.epoch, stream=1))
+            self.generator.manual_seed(mix_seed(self.seed, self.epoch, WORKER_SEED_STREAM))
         self._batches = skip
         for batch in super().__iter__():
             self._batches += 1

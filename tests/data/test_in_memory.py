@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from project.data import ImageClassificationDataModule
-from project.data.in_memory import InMemoryLoader, augment_batch
+from project.data.batch_augment import augment_batch
+from project.data.in_memory import InMemoryLoader
 from project.errors import ConfigError
 
 
