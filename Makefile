@@ -7,6 +7,7 @@
 #   make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/
 #   make export CKPT=runs/<run>/checkpoints/last.ckpt
 #   make doctor                is this machine ready to train?
+#   make sweep WORKERS=2       hyperparameter sweep (Optuna), trials = make train runs; best.yaml at the end
 #   make tensorboard           watch the runs under runs/ in TensorBoard: http://127.0.0.1:6006/ (PORT=...)
 # The environment: the active virtualenv or conda env if there is one, else ./.venv (created here).
 # Packages are (re)installed only when pyproject.toml or constraints.txt changed.
@@ -20,6 +21,9 @@ ARGS   ?=
 # train-ddp: processes per node (default: every GPU, or 2 CPU processes when nvidia-smi finds none) and nodes.
 NPROC  ?= $(if $(shell nvidia-smi -L 2>/dev/null),auto,2)
 NODES  ?= 1
+# sweep: the sweep file and worker processes on this machine.
+SPACE   ?= configs/sweep/digits.yaml
+WORKERS ?= 1
 # tensorboard: the port it listens on, on 127.0.0.1 only (not reachable from other machines).
 PORT   ?= 6006
 
@@ -37,7 +41,7 @@ ifeq ($(INSTALL)$(wildcard $(PY)),0)  # INSTALL=0 without an env or ./.venv: the
 PY := $(PYTHON)
 endif
 
-.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick mutants tensorboard
+.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick mutants tensorboard sweep
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -53,7 +57,7 @@ $(STAMP):
 	$(PY) scripts/check_env.py
 else
 $(STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,export,report]"
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,export,report,sweep]"
 	@touch $(STAMP)
 endif
 
@@ -76,6 +80,9 @@ doctor: $(STAMP)  ## check the machine and the config before training (CONFIG, A
 tensorboard: $(STAMP)  ## TensorBoard on runs/ at http://127.0.0.1:6006/ (PORT=...): scalars, report, HPARAMS
 	@echo "TensorBoard on runs/: http://127.0.0.1:$(PORT)/  (Ctrl-C stops it)"
 	$(PY) -m tensorboard.main --logdir runs --host 127.0.0.1 --port $(PORT)
+sweep: $(STAMP)  ## Optuna sweep of SPACE (configs/sweep/digits.yaml) in WORKERS processes; same command resumes (ARGS)
+	$(PY) -m project sweep --space $(SPACE) --config $(CONFIG) --workers $(WORKERS) $(ARGS)
+
 resume: $(STAMP)  ## continue the most recent run from its checkpoints/last.ckpt, in its own run dir (extra flags: ARGS)
 	$(PY) -m project fit --config $(CONFIG) --ckpt_path last $(ARGS)
 

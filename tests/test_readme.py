@@ -121,6 +121,22 @@ COMMANDS = {
     "make tensorboard": "not run here: tests/test_tensorboard.py runs it as typed (plus a free PORT) on the session's "
     "finished run and queries the server",
     PRESET: "test_debug_preset",
+    # Sweeps: every trial is a `make train` process (~10-17 CPU s each here, imports and test included), so the
+    # sweeps run in tests/test_sweep.py with a test sweep file of 2 epochs x 4 batches and 1-2 trials.
+    "make sweep": "not run here: 20 trials of 5 epochs; tests/test_sweep.py runs `make sweep SPACE=<its sweep "
+    "file>` (same target and code path) with fewer trials, epochs and batches",
+    "make sweep WORKERS=2": "not run here: tests/test_sweep.py runs the command it prints with --workers 2 "
+    "(killed, then resumed)",
+    'make sweep ARGS="--n_trials 30"': "not run here: tests/test_sweep.py resumes a killed sweep with the same "
+    "command; --n_trials is the same flag its sweep file's n_trials stands for",
+    'make train ARGS="--config runs/sweeps/digits/best.yaml"': "not run here: tests/test_sweep.py runs `make train "
+    'ARGS="--config runs/sweeps/t/best.yaml"` on its own sweep and compares the metric',
+    "python -m project sweep --report": "not run here: tests/test_sweep.py runs it with the --space/--dir of its "
+    "own sweep",
+    "python -m project sweep --storage postgresql://user:password@db-host/optuna --worker_index 1": "not run "
+    "here: no database server; tests/test_sweep.py runs a worker on a journal storage",
+    "sbatch --array=0-7 scripts/sweep_slurm.sbatch --storage postgresql://user:password@db-host/optuna": "not run "
+    "here: no SLURM, no database; tests/test_sweep.py runs the script as array task 3 with a journal storage",
     FINETUNE: "not run here: resnet18 at 224 pixels from a local .pth cost 24 CPU s, more than any other command "
     "(2026-12-01, AMD EPYC, 2 cores); tests/test_finetune.py runs configs/finetune.yaml with local weights in-process",
     "make train INSTALL=0": "not run here: tests/test_gpu_check.py runs `make -n train INSTALL=0` (the check, then "

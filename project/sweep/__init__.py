@@ -1,0 +1,267 @@
+"""`python -m project sweep` (`make sweep`): an Optuna study around the same `fit` that `make train` runs.
+
+    python -m project sweep [--space configs/sweep/digits.yaml] [--config configs/default.yaml ...] [--dir DIR]
+        [--storage URL] [--n_trials N] [--workers N] [--worker_index K] [--report] [--dotted.key value ...]
+
+Dotted flags (`--trainer.max_epochs 3`, as `make train` takes them) are fixed for every trial and land in best.yaml. Running the same
+command again resumes the sweep: the study is loaded (`load_if_exists`), finished trials are kept and the dead
+workers' trials are re-run (project/sweep/worker.py). `--report` only writes the results of what is there.
+
+Hydra's Optuna sweeper and Lightning's Tuner were not used: the first needs Hydra configs (this template's configs
+are LightningCLI's) and runs trials inside its own process (no isolation of a NaN or a kill, no resume of a dead
+worker's trial); the second tunes the learning rate and batch size only.
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from project.errors import ConfigError
+
+DEFAULT_SPACE = "configs/sweep/digits.yaml"
+SWEEPS_DIR = Path("runs") / "sweeps"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m project sweep",
+        allow_abbrev=False,  # a trial flag such as --data.init_args.batch_size is never taken for --dir
+        description="Hyperparameter sweep: an Optuna study whose trials are `python -m project fit` runs.",
+        epilog="Dotted training flags (e.g. --trainer.max_epochs 3) are given to every trial and kept in best.yaml.",
+    )
+    p.add_argument("--space", default=DEFAULT_SPACE, help="sweep file: parameters, metric, sampler, pruner")
+    p.add_argument(
+        "--config", action="append", help="base config(s) of every trial (default configs/default.yaml)"
+    )
+    p.add_argument("--dir", help="sweep directory (default runs/sweeps/<name>): trials/, study.db, best.yaml")
+    p.add_argument(
+        "--storage",
+        help="study storage: an RDB URL (postgresql://...) or journal:<file> (default: "
+        "sqlite:///<dir>/study.db)",
+    )
+    p.add_argument("--study", help="study name (default: the sweep file's name)")
+    p.add_argument(
+        "--n_trials", type=int, help="finished (complete or pruned) trials to reach, all workers together"
+    )
+    p.add_argument("--max_failed", type=int, help="stop after this many failed trials (default: n_trials)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes on this machine (each runs one trial "
+        "at a time; without OMP_NUM_THREADS they share the cores)",
+    )
+    p.add_argument(
+        "--worker_index",
+        type=int,
+        default=0,
+        help="this worker's number: its sampler's seed is the sweep "
+        "file's + 1000 x this + the trials already in the study (give each worker started at the same time "
+        "its own; WORKERS and the SLURM script do)",
+    )
+    p.add_argument(
+        "--report", action="store_true", help="only write the results (table, best.yaml, report.png)"
+    )
+    p.add_argument("--no_report", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def trial_flags(tokens: list[str]) -> dict:
+    """`--a.b 1 --c.d=x` -> {'a.b': 1, 'c.d': 'x'}: flags for every trial (dotted keys, as `make train` takes
+    them), values read as YAML like the training CLI reads them. A `--` before them is optional."""
+    tokens = [t for t in tokens if t != "--"]
+    fixed = {}
+    while tokens:
+        flag = tokens.pop(0)
+        key, eq, value = flag[2:].partition("=") if flag.startswith("--") else ("", "", "")
+        if "." not in key:
+            raise ConfigError(
+                f"Unknown sweep flag '{flag}'. Sweep flags: python -m project sweep --help; flags for every trial "
+                "are dotted training keys with a value, e.g. --trainer.max_epochs 3."
+            )
+        if not eq:
+            if not tokens:
+                raise ConfigError(f"Trial flag '{flag}' has no value, e.g. {flag} 3.")
+            value = tokens.pop(0)
+        fixed[key] = yaml.safe_load(value)
+    return fixed
+
+
+def monitor_of(configs: list[str]) -> tuple[str, str]:
+    """The first ModelCheckpoint's monitor and mode in the base configs (what checkpoint selection uses)."""
+    from project.sweep.space import merge
+
+    tree: dict = {}
+    for config in configs:
+        tree = merge(tree, yaml.safe_load(Path(config).read_text()) or {})
+    for callback in (tree.get("trainer") or {}).get("callbacks") or []:
+        init = (callback or {}).get("init_args") or {}
+        if (
+            isinstance(callback, dict)
+            and callback.get("class_path", "").endswith("Checkpoint")
+            and init.get("monitor")
+        ):
+            return init["monitor"], init.get("mode", "min")
+    raise ConfigError(
+        "No ModelCheckpoint with a `monitor` in the base config: set `metric` and `direction` in the "
+        "sweep file."
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        sys.exit(run(argv))
+    except ConfigError as err:
+        print(f"\nerror: {err}\n", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("\nSweep stopped. The same command resumes it; the stopped trial runs again.", file=sys.stderr)
+        sys.exit(130)
+
+
+def run(argv: list[str]) -> int:
+    import optuna
+
+    from project.sweep.report import write_report
+    from project.sweep.space import load_space
+    from project.sweep.storage import default_storage, open_storage
+    from project.sweep.worker import Sweep, run_worker
+
+    args, rest = parser().parse_known_args(argv)
+    flags = trial_flags(rest)
+    space = load_space(args.space)
+    configs = args.config or ["configs/default.yaml"]
+    for config in configs:
+        if not Path(config).is_file():
+            raise ConfigError(f"Base config '{config}' not found; pass an existing file with --config.")
+    sweep_dir = Path(args.dir or SWEEPS_DIR / space.name)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    storage_url = args.storage or default_storage(sweep_dir)
+    study_name = args.study or space.name
+    monitor, mode = monitor_of(configs)
+    metric = space.metric or monitor
+    direction = space.direction or ("maximize" if space.metric is None and mode == "max" else "minimize")
+    if space.metric and not space.direction:
+        raise ConfigError(
+            f"The sweep file sets metric '{space.metric}' without a direction: add direction: "
+            "minimize or maximize."
+        )
+    storage = open_storage(storage_url)
+    if args.report:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+        write_report(study, sweep_dir, configs, metric)
+        return 0
+
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    study = create_study(study_name, storage, direction, space, configs)
+    space_copy = sweep_dir / "space.yaml"
+    if not space_copy.exists() or space_copy.read_text() != Path(args.space).read_text():
+        tmp = space_copy.with_name(f".space.{os.getpid()}.tmp")
+        shutil.copyfile(args.space, tmp)
+        os.replace(tmp, space_copy)
+    n_trials = args.n_trials or space.n_trials
+    threads = os.environ.get("OMP_NUM_THREADS") or (
+        str(max(1, (os.cpu_count() or 1) // args.workers)) if args.workers > 1 else None
+    )
+    if args.workers > 1:
+        code = run_workers(argv, args.workers, threads)
+    else:
+        sweep = Sweep(
+            space=space,
+            space_copy=space_copy.resolve(),
+            sweep_dir=sweep_dir,
+            storage_url=storage_url,
+            study_name=study_name,
+            configs=configs,
+            fixed={**space.fixed, **flags},
+            metric=metric,
+            monitor=monitor,
+            direction=direction,
+            n_trials=n_trials,
+            max_failed=args.max_failed or n_trials,
+            threads=threads,
+        )
+        study = optuna.load_study(
+            study_name=study_name,
+            storage=storage,
+            # Seeded samplers draw the same numbers in every process: each worker, and each resumption, starts the
+            # seed elsewhere (a single worker's fresh sweep keeps the sweep file's seed, so it repeats exactly).
+            sampler=space.build_sampler(1000 * args.worker_index + len(study.get_trials(deepcopy=False))),
+            pruner=space.build_pruner(),
+        )
+        signal.signal(
+            signal.SIGTERM, _raise_interrupt
+        )  # SIGTERM (SLURM, kill): like Ctrl+C, re-queue the trial
+        code = run_worker(sweep, study)
+    if not args.no_report:
+        write_report(study, sweep_dir, configs, metric)
+    return code
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def create_study(name: str, storage, direction: str, space, configs: list[str]):
+    """Create or load the study; the first time, enqueue the base config's own values as trial 0 (the best trial
+    is then never worse than the base config when trials are deterministic)."""
+    import optuna
+
+    from project.sweep.space import base_values
+
+    study = optuna.create_study(study_name=name, storage=storage, direction=direction, load_if_exists=True)
+    if study.direction.name.lower() != direction:
+        raise ConfigError(
+            f"Study '{name}' exists with direction {study.direction.name.lower()}, not {direction}: "
+            "use another --dir/--study, or the same metric and direction as before."
+        )
+    if space.enqueue_base and not study.get_trials(deepcopy=False):
+        values = base_values(space, configs)
+        if values:
+            study.enqueue_trial(values, user_attrs={"base_config": True})
+    return study
+
+
+def run_workers(argv: list[str], workers: int, threads: str | None) -> int:
+    """`workers` copies of this command with --workers 1 and their own --worker_index; each runs its trials."""
+    from project.sweep.worker import _die_with_parent
+
+    base = [
+        sys.executable,
+        "-m",
+        "project",
+        "sweep",
+        *strip_flag(strip_flag(argv, "--workers"), "--worker_index"),
+    ]
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = threads
+    print(f"{workers} workers, OMP_NUM_THREADS={threads or 'unset'} in each trial", flush=True)
+    processes = [
+        subprocess.Popen(
+            [*base, "--no_report", "--workers", "1", "--worker_index", str(k)],
+            env=env,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        for k in range(workers)
+    ]
+    return max(p.wait() for p in processes)
+
+
+def strip_flag(argv: list[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == flag:
+            skip = True
+        elif not item.startswith(f"{flag}="):
+            out.append(item)
+    return out
