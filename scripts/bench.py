@@ -34,6 +34,7 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
         default_runs=5,
         option_repeats=5,
         compile_repeats=5,
+        fit_repeats=3,
         limit=None,
         default_args=[],
     ),
@@ -45,6 +46,7 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
         default_runs=1,
         option_repeats=1,
         compile_repeats=1,
+        fit_repeats=1,
         limit=None,
         default_args=[],
     ),
@@ -56,6 +58,7 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
         default_runs=1,
         option_repeats=1,
         compile_repeats=0,
+        fit_repeats=1,
         limit=2,
         default_args=[
             "--trainer.max_epochs",
@@ -69,6 +72,7 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
         ],
     ),
 }
+FIT_EPOCHS = 15  # the default config's max_epochs: the whole `make train` fit
 VARIANTS = {  # name -> extra CLI args for the template (each compared with the default config, same round)
     "no_progress_bar": ["--trainer.enable_progress_bar", "false"],
     "bf16_mixed": ["--trainer.precision", "bf16-mixed"],
@@ -100,6 +104,7 @@ def bench_cpu(p: dict) -> dict:
         epoch_ratios,
         loader_samples_per_s,
         machine,
+        overheads_ms,
         steady_samples_per_s,
         template_run,
     )
@@ -114,9 +119,9 @@ def bench_cpu(p: dict) -> dict:
     seeds_loop = {"limit": p["limit"]}  # the loop the seeds show: default AdamW, NCHW
     tuned_loop = {**seeds_loop, "fused": True, "channels_last": True}  # the template's shipped settings
 
-    def tmpl(bs=64, extra=(), raw=seeds_loop, instrument=False):
+    def tmpl(bs=64, extra=(), raw=seeds_loop, instrument=False, drop=()):
         """A template run with one raw-loop epoch before each of its epochs (bench_loops.EpochClock)."""
-        return template_run(E, bs, [*lim, *extra], raw=raw, instrument=instrument)
+        return template_run(E, bs, [*lim, *extra], raw=raw, instrument=instrument, drop=drop)
 
     # One round = the default template, every option, and the default against the tuned raw loop, in an
     # order reversed on odd rounds. Every run carries its own raw-loop epochs, so each figure is a median
@@ -127,6 +132,7 @@ def bench_cpu(p: dict) -> dict:
         "template_vs_tuned_loop": lambda: tmpl(raw=tuned_loop),
         **{k: (lambda extra=v: tmpl(extra=extra)) for k, v in VARIANTS.items()},
         "torch_threads_1": lambda: _threads(1, tmpl),
+        "no_lean_hooks": lambda: tmpl(drop=("LeanHooks",)),
     }
     got: dict[str, list] = {k: [] for k in arms}
     for i in range(R):
@@ -134,7 +140,7 @@ def bench_cpu(p: dict) -> dict:
         names = [n for n in arms if i < p["option_repeats"] or n in ("template", "template_vs_tuned_loop")]
         for name in names if i % 2 == 0 else names[::-1]:
             got[name].append(arms[name]())
-    t_runs = got["template"]
+    t_runs, tuned_runs = got["template"], got["template_vs_tuned_loop"]
     pairs = [x for t in t_runs for x in epoch_ratios(t)]
     cpu_pairs = [
         r / t
@@ -149,16 +155,31 @@ def bench_cpu(p: dict) -> dict:
         "epoch_pairs": len(pairs),
         "run_ratios": [med(epoch_ratios(t)) for t in t_runs],
         "throughput_ratio_cpu_time": med(cpu_pairs),
-        "throughput_ratio_vs_tuned_loop": med(
-            [x for t in got["template_vs_tuned_loop"] for x in epoch_ratios(t)]
+        "throughput_ratio_vs_tuned_loop": med([x for t in tuned_runs for x in epoch_ratios(t)]),
+        "throughput_ratio_vs_tuned_loop_iqr": _iqr([x for t in tuned_runs for x in epoch_ratios(t)]),
+        # Milliseconds the template adds per training step and per epoch (validation, logging, checkpoints,
+        # epoch hooks), against the tuned loop, median over the steady epoch pairs (bench_loops.overheads_ms).
+        "per_step_overhead_ms": med([x for t in tuned_runs for x in overheads_ms(t)[0]]),
+        "per_epoch_overhead_ms": med([x for t in tuned_runs for x in overheads_ms(t)[1]]),
+        "tuned_loop_step_ms": med(
+            [r / t["steps_per_epoch"] * 1000 for t in tuned_runs for r in t["raw"]["train_seconds"][1:]]
         ),
+        "tuned_loop_epoch_rest_ms": med(
+            [
+                (e - r) * 1000
+                for t in tuned_runs
+                for e, r in zip(t["raw"]["epoch_seconds"][1:], t["raw"]["train_seconds"][1:])
+            ]
+        ),
+        "steps_per_epoch": t_runs[0]["steps_per_epoch"],
         "template_warmup_epoch_seconds": med([t["epoch_seconds"][0] for t in t_runs]),
         "raw_warmup_epoch_seconds": med([t["raw"]["epoch_seconds"][0] for t in t_runs]),
         "template_steady_epoch_seconds": med([statistics.median(t["epoch_seconds"][1:]) for t in t_runs]),
         "raw_steady_epoch_seconds": med([statistics.median(t["raw"]["epoch_seconds"][1:]) for t in t_runs]),
     }
     out["options"] = {
-        name: _paired(t_runs[: len(got[name])], got[name]) for name in [*VARIANTS, "torch_threads_1"]
+        name: _paired(t_runs[: len(got[name])], got[name])
+        for name in [*VARIANTS, "torch_threads_1", "no_lean_hooks"]
     }
     out["options"]["compile"] = _compile(p, tmpl)
 
@@ -168,6 +189,12 @@ def bench_cpu(p: dict) -> dict:
         [t["fetch_seconds"] / max(1e-9, t["fetch_seconds"] + t["step_seconds"]) for t in inst]
     )
     consumed = med([t["samples_per_epoch"] * (E - 1) / max(1e-9, t["step_seconds"]) for t in inst])
+    # The progress bar's per-batch hooks timed directly (1% is below the run-to-run noise of option ratios).
+    out["progress_bar_hook_fraction"] = med([t["bar_seconds"] / max(1e-9, t["step_seconds"]) for t in inst])
+
+    # The whole trainer.fit (sanity check, 15 epochs with validation, checkpoints, logging, report) against a
+    # hand-written loop doing the same work (validation loss/acc/top-5 and a checkpoint each epoch), ABBA.
+    out["fit"] = _fit(p, lim)
 
     # Loaders alone, same split and augmentation.
     dl, mem = ab(lambda: loader_samples_per_s(False, 1), lambda: loader_samples_per_s(True, 2), R)
@@ -180,12 +207,20 @@ def bench_cpu(p: dict) -> dict:
 
     # Scaling: batch size (template vs raw, interleaved), and the in-memory loader vs dataset size.
     out["scaling"] = {"batch_size": {}, "dataset_size_in_memory_samples_per_s": {}}
+    # Against the tuned loop, with the per-step and per-epoch overheads and the training metrics' update cost:
+    # what grows with the batch size is work per sample, not loop overhead.
     for bs in p["batch_sizes"]:
-        ts = t_runs if bs == 64 else [tmpl(bs) for _ in range(R)]
+        ts = tuned_runs if bs == 64 else [tmpl(bs, raw=tuned_loop) for _ in range(R)]
         out["scaling"]["batch_size"][str(bs)] = {
             "template_samples_per_s": med([steady_samples_per_s(t) for t in ts]),
             "raw_loop_samples_per_s": med([steady_samples_per_s(t["raw"]) for t in ts]),
             "ratio": med([x for t in ts for x in epoch_ratios(t)]),
+            "tuned_loop_step_ms": med(
+                [r / t["steps_per_epoch"] * 1000 for t in ts for r in t["raw"]["train_seconds"][1:]]
+            ),
+            "per_step_overhead_ms": med([x for t in ts for x in overheads_ms(t)[0]]),
+            "per_epoch_overhead_ms": med([x for t in ts for x in overheads_ms(t)[1]]),
+            "train_metrics_update_ms": _metric_update_ms(bs),
         }
     for n in p["sizes"]:
         out["scaling"]["dataset_size_in_memory_samples_per_s"][str(n)] = med(
@@ -193,6 +228,50 @@ def bench_cpu(p: dict) -> dict:
         )
     out["torch_threads"] = torch.get_num_threads()
     return out
+
+
+def _fit(p: dict, lim: list[str]) -> dict:
+    """trainer.fit of the default config (E_FIT epochs, validation each) vs the tuned hand-written loop doing the
+    same work, alternated ABBA; the ratio is the median of per-pair ratios."""
+    from bench_loops import RawLoop, template_run
+
+    epochs = 2 if p["limit"] else FIT_EPOCHS
+    tmpl, raw = [], []
+
+    def run_raw():
+        with tempfile.TemporaryDirectory(prefix="bench-raw-") as tmp:
+            loop = RawLoop(epochs, limit=p["limit"], fused=True, channels_last=True, save_to=f"{tmp}/last.pt")
+            raw.append(loop.fit())
+
+    def run_tmpl():
+        tmpl.append(template_run(epochs, 64, lim)["fit_seconds"])
+
+    ab(run_tmpl, run_raw, p["fit_repeats"])
+    ratios = [t / r for t, r in zip(tmpl, raw, strict=True)]
+    return {
+        "epochs": epochs,
+        "template_fit_seconds": med(tmpl),
+        "hand_written_loop_seconds": med(raw),
+        "ratio": med(ratios),
+    }
+
+
+def _metric_update_ms(batch_size: int, n: int = 200) -> float:
+    """Milliseconds of the template's per-step training metric updates (train loss mean, top-1 accuracy) on one
+    batch of logits: work the raw loop does not do, proportional to the batch."""
+    import torch
+    from torchmetrics import MeanMetric
+    from torchmetrics.classification import MulticlassAccuracy
+
+    acc = MulticlassAccuracy(num_classes=10, average="micro", validate_args=False)
+    mean = MeanMetric(nan_strategy="disable")
+    logits, y, loss = torch.randn(batch_size, 10), torch.randint(0, 10, (batch_size,)), torch.tensor(1.0)
+    for _ in range(10):
+        acc.update(logits, y), mean.update(loss)
+    t = time.perf_counter()
+    for _ in range(n):
+        acc.update(logits, y), mean.update(loss)
+    return round((time.perf_counter() - t) / n * 1000, 4)
 
 
 def _iqr(xs: list[float]) -> list[float] | None:
@@ -311,9 +390,20 @@ def table(res: dict) -> str:
         ),
         ("throughput_ratio_cpu_time (same, per process CPU second)", t["throughput_ratio_cpu_time"]),
         (
-            "throughput_ratio_vs_tuned_loop (raw loop with fused AdamW + channels_last)",
-            t["throughput_ratio_vs_tuned_loop"],
+            "throughput_ratio_vs_tuned_loop (raw loop with fused AdamW + channels_last, IQR)",
+            f"{t['throughput_ratio_vs_tuned_loop']} ({t['throughput_ratio_vs_tuned_loop_iqr']})",
         ),
+        (
+            f"overhead vs tuned loop: per step ms (of {t['tuned_loop_step_ms']}) | per epoch ms "
+            f"({t['steps_per_epoch']} steps; raw validation {t['tuned_loop_epoch_rest_ms']} ms)",
+            f"{t['per_step_overhead_ms']} | {t['per_epoch_overhead_ms']}",
+        ),
+        (
+            f"whole fit ({res['fit']['epochs']} epochs) s: template | hand-written loop, same work | ratio",
+            f"{res['fit']['template_fit_seconds']} | {res['fit']['hand_written_loop_seconds']} | "
+            f"{res['fit']['ratio']}",
+        ),
+        ("progress bar: its per-batch hooks / training step time", res["progress_bar_hook_fraction"]),
         (
             "template samples/s | raw loop samples/s",
             f"{t['template_samples_per_s']:.0f} | {t['raw_loop_samples_per_s']:.0f}",
@@ -335,8 +425,11 @@ def table(res: dict) -> str:
     ]
     rows += [
         (
-            f"batch {bs}: template | raw | ratio",
-            f"{v['template_samples_per_s']:.0f} | {v['raw_loop_samples_per_s']:.0f} | {v['ratio']}",
+            f"batch {bs} vs tuned loop: samples/s template / raw, ratio; overhead ms per step (of step ms) / "
+            "per epoch; train metric updates ms",
+            f"{v['template_samples_per_s']:.0f} / {v['raw_loop_samples_per_s']:.0f}, {v['ratio']}; "
+            f"{v['per_step_overhead_ms']} ({v['tuned_loop_step_ms']}) / {v['per_epoch_overhead_ms']}; "
+            f"{v['train_metrics_update_ms']}",
         )
         for bs, v in res["scaling"]["batch_size"].items()
     ]

@@ -2,8 +2,11 @@
 
 Both train the same ConvNet on the same batches (the data module's loader), with the same AdamW groups,
 warmup-cosine schedule, label smoothing and precision, and both evaluate on the validation split each epoch.
-template_run trains through the CLI and, with `raw=`, runs one RawLoop epoch before each of its own epochs
+template_run trains through the project's own CLI (project.cli.build_cli: the same parser, config.yaml writer,
+callbacks and loggers as `make train`) and, with `raw=`, runs one RawLoop epoch before each of its own epochs
 (EpochClock), so the two sides alternate epoch by epoch in one process. Epoch 0 is warm-up, the rest steady.
+Each epoch is split into its training part (first batch to the last batch's end) and the rest (validation,
+epoch-end logging, checkpoints), so per-step and per-epoch overheads are reported apart.
 """
 
 import contextlib
@@ -18,10 +21,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import Profiler
 from torch import nn
 
-from project.cli import CONFIG_DIR, ProjectCLI
+from project.cli import CONFIG_DIR, ProjectCLI, build_cli
 from project.data import ImageClassificationDataModule
 from project.models import ConvNet
-from project.module import ClassificationModule
 from project.schedule import warmup_cosine
 
 DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
@@ -43,8 +45,11 @@ class EpochClock(Callback):
         self.ends: list[float] = []
         self.cpu_starts: list[float] = []  # process CPU time at the same points
         self.cpu_ends: list[float] = []
+        self.train_ends: list[float] = []  # the last training batch's end, before validation
         self.raw_seconds: list[float] = []
         self.raw_cpu_seconds: list[float] = []
+        self.raw_train_seconds: list[float] = []
+        self.fit_seconds = 0.0  # ProjectCLI's before_fit to after_fit: the whole trainer.fit
 
     def _close(self) -> None:
         if len(self.ends) < len(self.starts):
@@ -54,11 +59,16 @@ class EpochClock(Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._close()
         if self.raw is not None:
-            wall, cpu = self.raw.epoch()
+            wall, cpu, train = self.raw.epoch()
             self.raw_seconds.append(wall)
             self.raw_cpu_seconds.append(cpu)
+            self.raw_train_seconds.append(train)
         self.starts.append(time.perf_counter())
         self.cpu_starts.append(time.process_time())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx + 1 == trainer.num_training_batches:  # one compare per step; runs before the other hooks
+            self.train_ends.append(time.perf_counter())
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._close()
@@ -97,22 +107,53 @@ class FetchTimer(Profiler):
         return ""
 
 
+def time_hooks(callback, hooks: tuple[str, ...], clock: EpochClock) -> list[float]:
+    """Wrap the callback's hooks (instance attributes) with a timer; the returned one-item list accumulates the
+    seconds spent in them during steady-state epochs."""
+    total = [0.0]
+    for name in hooks:
+        fn = getattr(callback, name)
+
+        def timed(*args, _fn=fn, **kwargs):
+            t = time.perf_counter()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                if len(clock.starts) > 1:
+                    total[0] += time.perf_counter() - t
+
+        setattr(callback, name, timed)
+    return total
+
+
 class _BenchCLI(ProjectCLI):
-    """ProjectCLI (same config, same defaults) with the bench's clock attached before fit."""
+    """ProjectCLI (same config, same defaults, built by build_cli) with the bench's clock attached before fit."""
 
     raw_loop: "RawLoop | None" = None  # set by template_run
     instrument = False
+    drop: tuple[str, ...] = ()  # callback class names taken out before fit (an option's "without X")
     clock: EpochClock
     steps: "StepTimer | None" = None
     fetch: "FetchTimer | None" = None
 
     def before_fit(self) -> None:
+        super().before_fit()
         self.clock = EpochClock(self.raw_loop)
-        self.trainer.callbacks.insert(0, self.clock)  # first: its raw epoch runs before the template's hooks
+        kept = [c for c in self.trainer.callbacks if type(c).__name__ not in self.drop]
+        self.trainer.callbacks = [self.clock, *kept]  # first: its raw epoch runs before the template's hooks
+        self.bar_seconds = None
         if self.instrument:
             self.steps, self.fetch = StepTimer(self.clock), FetchTimer(self.clock)
             self.trainer.callbacks.append(self.steps)
             self.trainer.profiler = self.fetch
+            bar = self.trainer.progress_bar_callback
+            if bar is not None:
+                self.bar_seconds = time_hooks(bar, ("on_train_batch_start", "on_train_batch_end"), self.clock)
+        self._fit_start = time.perf_counter()
+
+    def after_fit(self) -> None:
+        self.clock.fit_seconds = time.perf_counter() - self._fit_start
+        super().after_fit()
 
 
 def template_run(
@@ -122,19 +163,21 @@ def template_run(
     quiet: bool = True,
     raw: dict | None = None,
     instrument: bool = False,
+    drop: tuple[str, ...] = (),
 ) -> dict:
-    """Train through ProjectCLI with configs/default.yaml as `make train` does (loggers, metrics, checkpoints,
-    progress bar), minus the final test. Returns epoch wall and CPU times and samples per epoch.
+    """Train as `make train` does (`python -m project fit` with configs/default.yaml through build_cli: loggers,
+    metrics, checkpoints, config.yaml, progress bar), minus the final test. Returns epoch wall and CPU times,
+    each epoch's training part, samples per epoch and the whole fit's wall time.
 
     raw: RawLoop keyword arguments; one hand-written-loop epoch then runs before each template epoch (see
         EpochClock) and the result has a "raw" entry with the same keys.
     instrument: also time each step and each batch fetch ("step_seconds", "fetch_seconds"): for
-        data_wait_fraction, in runs of their own since the timers slow every step."""
+        data_wait_fraction, in runs of their own since the timers slow every step; also the seconds spent in
+        the progress bar's per-batch hooks ("bar_seconds").
+    drop: names of callback classes removed from the config's list (options measured as "without X")."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         args = [
             "fit",
-            "--config",
-            DEFAULT_CONFIG,
             "--run_dir",
             tmp,
             "--test_after_fit",
@@ -147,18 +190,11 @@ def template_run(
         ]
         sink = io.StringIO() if quiet else None
         _BenchCLI.raw_loop = RawLoop(epochs, batch_size, **raw) if raw is not None else None
-        _BenchCLI.instrument = instrument
+        _BenchCLI.instrument, _BenchCLI.drop = instrument, drop
         argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees the bench's own flags
         with contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
             try:
-                cli = _BenchCLI(
-                    ClassificationModule,
-                    ImageClassificationDataModule,
-                    subclass_mode_model=True,
-                    subclass_mode_data=True,
-                    save_config_kwargs={"overwrite": True},
-                    args=args,
-                )
+                cli = build_cli(args, cli_class=_BenchCLI)
             finally:
                 sys.argv = argv
         clock, trainer = cli.clock, cli.trainer
@@ -166,19 +202,24 @@ def template_run(
         result = {
             "epoch_seconds": [b - a for a, b in zip(clock.starts, clock.ends, strict=True)],
             "epoch_cpu_seconds": [b - a for a, b in zip(clock.cpu_starts, clock.cpu_ends, strict=True)],
+            "train_seconds": [b - a for a, b in zip(clock.starts, clock.train_ends, strict=True)],
+            "steps_per_epoch": steps,
             "samples_per_epoch": steps * batch_size,
+            "fit_seconds": clock.fit_seconds,
             "val_acc": float(trainer.callback_metrics.get("val/acc", -1)),
         }
         if instrument:
             result["fetch_seconds"], result["step_seconds"] = cli.fetch.seconds, cli.steps.step_seconds
+            result["bar_seconds"] = cli.bar_seconds[0] if cli.bar_seconds is not None else 0.0
         if clock.raw is not None:
             result["raw"] = {
                 "epoch_seconds": clock.raw_seconds,
                 "epoch_cpu_seconds": clock.raw_cpu_seconds,
+                "train_seconds": clock.raw_train_seconds,
                 "samples_per_epoch": clock.raw.samples_per_epoch,
                 "val_acc": clock.raw.val_acc,
             }
-        _BenchCLI.raw_loop, _BenchCLI.instrument = None, False
+        _BenchCLI.raw_loop, _BenchCLI.instrument, _BenchCLI.drop = None, False, ()
         return result
 
 
@@ -188,7 +229,10 @@ class RawLoop:
 
     The loop the seeds show uses the default AdamW and NCHW tensors. `fused` and `channels_last` give it the
     template's shipped settings (fused AdamW kernel, NHWC), to separate what Lightning's loop costs from what
-    those settings gain. `limit` cuts each epoch to that many batches (and validation to one).
+    those settings gain. `limit` cuts each epoch to that many batches (and validation to one). `save_to`: also
+    compute the validation loss and top-5 accuracy, as the template logs them, and save model, optimizer and
+    scheduler state there after each epoch, as the template's last.ckpt: the hand-written loop that does the
+    template's work (fit_seconds).
     """
 
     def __init__(
@@ -204,6 +248,7 @@ class RawLoop:
         limit: int | None = None,
         fused: bool = False,
         channels_last: bool = False,
+        save_to: str | None = None,
     ) -> None:
         torch.manual_seed(seed)
         os.environ.setdefault("PL_GLOBAL_SEED", str(seed))
@@ -218,14 +263,15 @@ class RawLoop:
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         self.opt = torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))
         self.steps = min(len(self.train), limit or len(self.train))
-        total, warmup = epochs * self.steps, round(warmup_epochs * self.steps)
+        self.epochs, total, warmup = epochs, epochs * self.steps, round(warmup_epochs * self.steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: warmup_cosine(s, warmup, total))
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.samples_per_epoch = self.steps * batch_size
         self.val_acc = 0.0
+        self.save_to = save_to
 
-    def epoch(self) -> tuple[float, float]:
-        """Runs one epoch; returns its (wall seconds, process CPU seconds)."""
+    def epoch(self) -> tuple[float, float, float]:
+        """Runs one epoch; returns its (wall seconds, process CPU seconds, wall seconds of the training part)."""
         t, c = time.perf_counter(), time.process_time()
         model, opt, sched, loss_fn = self.model, self.opt, self.sched, self.loss_fn
         model.train()
@@ -237,16 +283,32 @@ class RawLoop:
             loss.backward()
             opt.step()
             sched.step()
+        train = time.perf_counter() - t
         model.eval()
-        correct = count = 0
+        correct = count = top5 = loss_sum = 0
         with torch.no_grad():
             for i, (x, y) in enumerate(self.val):
                 if self.limit and i == 1:
                     break
-                correct += (model(x.contiguous(memory_format=self.memory_format)).argmax(1) == y).sum()
+                logits = model(x.contiguous(memory_format=self.memory_format))
+                correct += (logits.argmax(1) == y).sum()
                 count += len(y)
+                if self.save_to:
+                    loss_sum += loss_fn(logits, y) * len(y)
+                    top5 += (logits.topk(5, 1).indices == y[:, None]).any(1).sum()
         self.val_acc = float(correct) / count  # one host sync per epoch
-        return time.perf_counter() - t, time.process_time() - c
+        if self.save_to:
+            self.val_loss, self.val_acc5 = float(loss_sum) / count, float(top5) / count
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
+            torch.save(state, self.save_to)
+        return time.perf_counter() - t, time.process_time() - c, train
+
+    def fit(self) -> float:
+        """All epochs; returns the wall seconds."""
+        t = time.perf_counter()
+        for _ in range(self.epochs):
+            self.epoch()
+        return time.perf_counter() - t
 
 
 def steady_samples_per_s(run: dict) -> float:
@@ -303,6 +365,20 @@ def machine() -> dict:
         else f"cpu ({platform.processor() or platform.machine()})",
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
+
+
+def overheads_ms(run: dict) -> tuple[list[float], list[float]]:
+    """Per steady-state epoch pair: the template's extra milliseconds per training step (its training part minus
+    the raw loop's, over the steps) and per epoch (the rest of its epoch, validation, logging, checkpoints and
+    epoch hooks, minus the raw loop's validation)."""
+    raw, steps = run["raw"], run["steps_per_epoch"]
+    per_step, per_epoch = [], []
+    for te, tt, re, rt in zip(
+        run["epoch_seconds"][1:], run["train_seconds"][1:], raw["epoch_seconds"][1:], raw["train_seconds"][1:]
+    ):
+        per_step.append((tt - rt) / steps * 1000)
+        per_epoch.append(((te - tt) - (re - rt)) * 1000)
+    return per_step, per_epoch
 
 
 def epoch_ratios(run: dict) -> list[float]:

@@ -16,6 +16,8 @@ KEYS = {
         "throughput_ratio",
         "throughput_ratio_cpu_time",
         "throughput_ratio_vs_tuned_loop",
+        "per_step_overhead_ms",
+        "per_epoch_overhead_ms",
         "epoch_pairs",
         "template_warmup_epoch_seconds",
         "raw_warmup_epoch_seconds",
@@ -29,6 +31,7 @@ KEYS = {
     "default_run": ["train_seconds", "test_acc", "startup_seconds", "peak_rss_mb"],
     "scaling": ["batch_size", "dataset_size_in_memory_samples_per_s"],
     "machine": ["cpus", "torch", "lightning", "device"],
+    "fit": ["template_fit_seconds", "hand_written_loop_seconds", "ratio"],
 }
 OPTIONS = [
     "no_progress_bar",
@@ -38,6 +41,7 @@ OPTIONS = [
     "gradient_clip_val_1",
     "dataloader_path",
     "torch_threads_1",
+    "no_lean_hooks",
     "compile",
 ]
 
@@ -63,5 +67,7 @@ def test_bench_smoke_writes_every_key(tmp_path):
         assert set(keys) <= set(res[section]), (section, set(keys) - set(res[section]))
     assert set(OPTIONS) <= set(res["options"])
     assert "data_wait_fraction" in res and res["throughput"]["throughput_ratio"] > 0
+    assert 0 <= res["progress_bar_hook_fraction"] < 1
+    assert {"per_step_overhead_ms", "train_metrics_update_ms"} <= set(res["scaling"]["batch_size"]["64"])
     assert 0 <= res["default_run"]["test_acc"] <= 1 and res["default_run"]["startup_seconds"] > 0
     assert "| throughput_ratio" in proc.stdout  # the markdown table

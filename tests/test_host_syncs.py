@@ -90,8 +90,9 @@ class CountPerBatch(Callback):
 
 
 @pytest.mark.slow  # trains through the CLI (README: slow = 2-60 s)
-@pytest.mark.claim("no-host-sync-per-step")
+@pytest.mark.claim("no-host-sync-per-step", "lean-hooks")
 def test_no_host_sync_in_steady_state_steps(in_tmp):
+    # Also the default config's LeanHooks, which changes what runs per step (asserted at the end).
     from project.cli import build_cli
 
     cli = build_cli(
@@ -123,4 +124,7 @@ def test_no_host_sync_in_steady_state_steps(in_tmp):
     assert all(counter.batches[k] for k in counter.last_batch) and counter.batches[(0, 0)]
     # The guard really is armed in every step (the fused kernel's skip flag), and PitfallGuards left.
     assert counter.armed == [True] * 16
-    assert not any(type(c).__name__ == "PitfallGuards" for c in trainer.callbacks)
+    assert not any(type(c).__name__ in ("PitfallGuards", "LeanHooks") for c in trainer.callbacks)
+    # LeanHooks took the inherited no-op per-batch hooks out of Lightning's dispatch, and only those.
+    assert counter.on_train_batch_start is not None and guard.on_before_backward is not None
+    assert guard.on_after_backward is None and guard.on_before_zero_grad is None

@@ -1,5 +1,7 @@
 """NonFiniteLossGuard: a NaN or inf loss never reaches the weights or a checkpoint, and the run stops naming it."""
 
+import math
+
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -23,11 +25,13 @@ class NonFiniteLossGuard(Callback):
     but costs several times the step (configs/debug/detect_anomaly.yaml); EarlyStopping(check_finite=True) reads
     a logged metric, after the NaN step has already moved the weights.
 
-    How, per step, all on the device: a sticky flag `bad` is or-ed with `~isfinite(loss)` before backward, and
-    the index of the first bad batch and the kind of its loss are kept beside it. Before the optimizer step:
+    How, per step, all on the device (3 small ops, no Python float): the loss goes into this window's slot of a
+    buffer, GradScaler's own check op (`torch._amp_foreach_non_finite_check_and_unscale_`, which only ever sets
+    it) turns a sticky flag `found` to 1.0 at the first non-finite value, and the flag's value is kept beside the
+    loss. Before the optimizer step:
 
     - optimizers with `found_inf` support (torch's fused AdamW/Adam/SGD, `_step_supports_amp_scaling`: the
-      default fused AdamW) get `optimizer.found_inf = bad`, the flag GradScaler hands them: the fused kernel
+      default fused AdamW) get `optimizer.found_inf = found`, the flag GradScaler hands them: the fused kernel
       leaves parameters, moments and step count untouched when it is set. From the first bad batch on every
       update is skipped, so the weights stay those of the last good step.
     - any other optimizer (or a GradScaler run, `16-mixed`, whose scaler replaces `found_inf` with its own
@@ -35,13 +39,13 @@ class NonFiniteLossGuard(Callback):
       cost this design removes elsewhere. Zeroing the gradients instead would not skip the step: AdamW's
       momentum and weight decay still move every weight.
 
-    The flag is read (and the run stopped) at the end of each training epoch's last batch (before validation),
+    The window (flag, losses, batch positions) is read on the host, and the run stopped, at the end of each training epoch's last batch (before validation),
     every `check_every_n_steps` training batches, before every checkpoint is written (on_save_checkpoint: a
     checkpoint never holds a state after the bad step), and at the end of training. At most
     `check_every_n_steps` batches are computed in vain; the error names the first bad one.
 
     Under DDP the ranks agree: the flag is all-reduced (max) at each of those points, so every rank raises at
-    the same one, never one alone while the others wait in a collective. Each rank's `bad` also includes
+    the same one, never one alone while the others wait in a collective. Each rank's `found` also includes
     non-finite gradients, which are identical on every rank after DDP's all-reduce, so a NaN that reaches the
     gradients skips the step on every rank alike. A loss that is non-finite on one rank with finite gradients
     everywhere (unusual) skips that rank's step alone until the next check point stops the run.
@@ -58,71 +62,61 @@ class NonFiniteLossGuard(Callback):
         if check_every_n_steps < 1:
             raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
         self.check_every_n_steps = check_every_n_steps
-        self._bad: torch.Tensor | None = None
+        self._found: torch.Tensor | None = None
 
     def on_train_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
-        device = pl_module.device
-        self._bad = torch.zeros((), dtype=torch.bool, device=device)  # sticky: any bad batch so far
-        self._first = torch.full((), -1, dtype=torch.long, device=device)  # batch number of the first bad one
-        self._kind = torch.zeros((), dtype=torch.long, device=device)  # its loss: see _KINDS
-        self._n = torch.zeros((), dtype=torch.long, device=device)  # batch counter on the device
-        self._n_host = 0  # the same counter on the host
-        self._where: dict[int, tuple[int, int, int]] = {}  # batch number -> (global step, epoch, batch index)
-        self._since_check = 0
+        n, device = self.check_every_n_steps, pl_module.device
+        # Per step 3 small device ops and no Python float: a copy of the loss into this window's slot, the sticky
+        # flag (1.0 from the first non-finite value on: GradScaler's own check op, which only ever sets it), and
+        # a copy of the flag into the slot's history. The check reads the window on the host.
+        self._found = torch.zeros((), dtype=torch.float32, device=device)
+        self._one = torch.ones((), dtype=torch.float32, device=device)
+        losses = torch.zeros(n, dtype=torch.float32, device=device)
+        history = torch.zeros(n, dtype=torch.float32, device=device)
+        self._buffers = (losses, history)
+        self._loss_slots, self._found_slots = list(losses.unbind()), list(history.unbind())
+        self._where: list[tuple[int, int, int]] = []  # this window's (global step, epoch, batch index)
 
     def on_train_batch_start(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", batch, batch_idx: int
     ) -> None:
-        if self._bad is None:
-            return
-        self._n_host += 1
-        self._n.add_(1)
-        self._where[self._n_host] = (trainer.global_step, trainer.current_epoch, batch_idx)
+        if self._found is not None:
+            self._where.append((trainer.global_step, trainer.current_epoch, batch_idx))
 
     def on_before_backward(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", loss: torch.Tensor
     ) -> None:
-        if self._bad is None:
+        if self._found is None:
             return
-        loss = loss.detach().float().sum()  # a non-finite element keeps the sum non-finite
-        kind = torch.where(
-            torch.isnan(loss),
-            3,
-            torch.where(loss == float("inf"), 1, torch.where(loss == -float("inf"), 2, 0)),
-        )
-        self._mark(kind > 0, kind)
-
-    def _mark(self, bad: torch.Tensor, kind: torch.Tensor) -> None:
-        new = bad & ~self._bad
-        self._first = torch.where(new, self._n, self._first)
-        self._kind = torch.where(new, kind, self._kind)
-        self._bad = self._bad | bad
+        i = len(self._where) - 1
+        slot = self._loss_slots[i]
+        slot.copy_(loss.detach().sum())  # a non-finite element keeps the sum non-finite
+        torch._amp_foreach_non_finite_check_and_unscale_([slot], self._found, self._one)
+        self._found_slots[i].copy_(self._found)
 
     def on_before_optimizer_step(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", optimizer
     ) -> None:
-        if self._bad is None:
+        if self._found is None:
             return
         if trainer.world_size > 1:
             # After DDP's all-reduce the gradients are the same on every rank: so is this part of the flag.
             grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             if grads:
-                found = torch.zeros((), dtype=torch.float32, device=self._bad.device)
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones_like(found))
-                self._mark(found > 0, torch.zeros_like(self._kind))
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found, self._one)
+                self._found_slots[len(self._where) - 1].copy_(self._found)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if getattr(optimizer, "_step_supports_amp_scaling", False) and scaler is None:
-            optimizer.found_inf = self._bad.float()  # read by the fused kernel after this hook
+            optimizer.found_inf = self._found  # read by the fused kernel after this hook
         else:
             self._check(trainer)  # the fallback: one host read (and DDP all-reduce) per step
 
     def on_train_batch_end(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
     ) -> None:
-        if self._bad is None:
+        if self._found is None:
             return
-        self._since_check += 1
-        if self._since_check >= self.check_every_n_steps or batch_idx + 1 >= trainer.num_training_batches:
+        if len(self._where) >= self.check_every_n_steps or batch_idx + 1 >= trainer.num_training_batches:
             self._check(trainer)
 
     def on_save_checkpoint(self, trainer: "L.Trainer", pl_module: "L.LightningModule", checkpoint) -> None:
@@ -133,20 +127,22 @@ class NonFiniteLossGuard(Callback):
 
     def _check(self, trainer: "L.Trainer") -> None:
         """Read the flag on the host (all ranks agree under DDP); raise NonFiniteLossError if it is set."""
-        if self._bad is None:
+        if self._found is None:
             return
-        self._since_check = 0
-        state = self._state()
+        encoded = self._state()
         if trainer.world_size > 1:
-            state = trainer.strategy.reduce(state, reduce_op="max")
-        encoded = int(state.item())
+            flag = torch.tensor([encoded], device=trainer.strategy.root_device)
+            encoded = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        where, count = self._where, len(self._where)
         if not encoded:
-            self._where = {
-                n: w for n, w in self._where.items() if n >= self._n_host
-            }  # keep the current batch
+            # A new window from the next batch on: every check runs after the current batch's backward (at its
+            # optimizer step, its batch end or a checkpoint written there), so its slot has been read.
+            self._where = []
             return
-        first, kind = self._n_host + 1 - encoded // 4, encoded % 4
-        step, epoch, batch_idx = self._where.get(first, (trainer.global_step, trainer.current_epoch, -1))
+        first, kind = count - encoded // 4, encoded % 4
+        step, epoch, batch_idx = (
+            where[first] if 0 <= first < count else (trainer.global_step, trainer.current_epoch, -1)
+        )
         self._forget_found_inf(trainer)
         last = getattr(trainer.checkpoint_callback, "last_model_path", "") or "none written yet"
         what = (
@@ -157,16 +153,23 @@ class NonFiniteLossGuard(Callback):
         raise NonFiniteLossError(
             f"{what} at global step {step}, epoch {epoch}, batch {batch_idx}; training stopped, and no optimizer "
             f"step from that batch on changed the weights (last good checkpoint: {last}). Try a lower "
-            "--model.init_args.optimizer.init_args.lr, a longer warmup "
-            "(--model.init_args.scheduler.init_args.warmup_epochs), or --trainer.precision 32-true; to find the "
-            "operation that produced it, rerun with --config configs/debug/detect_anomaly.yaml (slow)."
+            "--model.init_args.optimizer.init_args.lr, a longer warmup (--model.init_args.scheduler.init_args."
+            "warmup_epochs), or --trainer.precision 32-true; to find the operation that produced it, rerun with "
+            "--config configs/debug/detect_anomaly.yaml (slow)."
         )
 
-    def _state(self) -> torch.Tensor:
-        """The first bad batch and its loss kind in one number, 0 if none, larger for an earlier batch: every rank
-        counts the same batches, so an all-reduce "max" gives every rank the earliest bad batch of any rank."""
-        big = self._n_host + 1
-        return torch.where(self._bad, (big - self._first) * 4 + self._kind, 0)
+    def _state(self) -> int:
+        """This rank's first bad batch of the window and its loss kind in one number, 0 if none, larger for an
+        earlier batch: every rank counts the same batches, so an all-reduce "max" gives every rank the earliest
+        bad batch of any rank. A host read of the window (at most check_every_n_steps values)."""
+        count = len(self._where)
+        if not count or not float(self._found):
+            return 0
+        losses, history = (b[:count].tolist() for b in self._buffers)
+        first = history.index(1.0) if 1.0 in history else count - 1
+        value = losses[first]
+        kind = 3 if math.isnan(value) else 1 if value == math.inf else 2 if value == -math.inf else 0
+        return (count - first) * 4 + kind
 
     def _forget_found_inf(self, trainer: "L.Trainer") -> None:
         for optimizer in trainer.optimizers:
@@ -179,4 +182,4 @@ class NonFiniteLossGuard(Callback):
     def teardown(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
         if stage == "fit":
             self._forget_found_inf(trainer)
-            self._bad = None
+            self._found = None
