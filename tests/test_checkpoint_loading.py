@@ -63,6 +63,7 @@ def _one_paragraph(stderr: str) -> str:
     return text
 
 
+@pytest.mark.slow  # three processes
 @pytest.mark.claim("checkpoint-names-no-code")
 def test_predict_and_export_refuse_a_class_the_checkpoint_names(run_dir, payload, tmp_path):
     folder, marker = payload

@@ -53,6 +53,7 @@ def _packages(modules: set[str], names: tuple[str, ...]) -> list[str]:
     return sorted({m.split(".")[0] for m in modules if m.split(".")[0] in names})
 
 
+@pytest.mark.slow  # two processes
 @pytest.mark.claim("tools-start-fast")
 def test_predict_and_export_do_not_import_the_training_stack(run_dir, tmp_path):
     image = tmp_path / "digit.png"
