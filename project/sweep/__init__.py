@@ -9,7 +9,8 @@ workers' trials are re-run (project/sweep/worker.py). `--report` only writes the
 
 Hydra's Optuna sweeper and Lightning's Tuner were not used: the first needs Hydra configs (this template's configs
 are LightningCLI's) and runs trials inside its own process (no isolation of a NaN or a kill, no resume of a dead
-worker's trial); the second tunes the learning rate and batch size only.
+worker's trial); the second tunes the learning rate and batch size only. W&B sweeps need W&B's server (no offline sweep).
+The optuna-dashboard web UI is not offered (untested here): `report.png` and trials.csv are the view of a study.
 """
 
 import argparse
@@ -155,7 +156,13 @@ def run(argv: list[str]) -> int:
         )
     storage = open_storage(storage_url)
     if args.report:
-        study = optuna.load_study(study_name=study_name, storage=storage)
+        try:
+            study = optuna.load_study(study_name=study_name, storage=storage)
+        except KeyError as err:
+            raise ConfigError(
+                f"No study '{study_name}' in {storage_url}: run the sweep first, or pass the --space, --dir "
+                "(or --storage) and --study it ran with."
+            ) from err
         write_report(study, sweep_dir, configs, metric)
         return 0
 

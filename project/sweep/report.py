@@ -9,6 +9,7 @@ the plotly versions need plotly and a browser or kaleido to become a PNG. The im
 import csv
 import os
 import shlex
+import warnings
 from pathlib import Path
 
 import optuna
@@ -135,6 +136,7 @@ def rerun_command(best_path: Path, configs: list[str]) -> str:
 
 def plot(study: optuna.Study, path: Path, metric: str) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -149,11 +151,20 @@ def plot(study: optuna.Study, path: Path, metric: str) -> None:
     history.step(numbers, running, where="post", color="C1", label="best so far")
     history.set(title="Optimisation history", xlabel="trial", ylabel=metric)
     history.legend()
+    history.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     try:
-        scores = optuna.importance.get_param_importances(study)
-    except (RuntimeError, ValueError) as err:  # fewer than two complete trials, or one value everywhere
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            scores = optuna.importance.get_param_importances(study)
+        # Optuna's evaluator warns and returns equal importances when it has too few trials: say so instead
+        too_few = [w for w in caught if "too small" in str(w.message)]
+        if too_few:
+            raise ValueError("too few complete trials for Optuna's evaluator")
+    except (RuntimeError, ValueError) as err:  # too few complete trials, or one value everywhere
         scores = {}
-        importance.text(0.5, 0.5, f"no importances:\n{err}", ha="center", va="center", wrap=True)
+        importance.text(0.5, 0.5, f"no importances yet:\n{err}", ha="center", va="center", wrap=True)
+        importance.set_xticks([])
+        importance.set_yticks([])
     if scores:
         names = list(scores)[::-1]
         importance.barh([n.rsplit(".init_args.", 1)[-1] for n in names], [scores[n] for n in names])
