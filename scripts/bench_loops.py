@@ -147,8 +147,13 @@ class _BenchCLI(ProjectCLI):
             self.trainer.callbacks.append(self.steps)
             self.trainer.profiler = self.fetch
             bar = self.trainer.progress_bar_callback
-            if bar is not None:
-                self.bar_seconds = time_hooks(bar, ("on_train_batch_start", "on_train_batch_end"), self.clock)
+            if bar is not None:  # every hook the bar implements: per batch and per epoch (its redraws)
+                hooks = [
+                    h
+                    for h in dir(Callback)
+                    if h.startswith("on_") and getattr(type(bar), h) is not getattr(Callback, h)
+                ]
+                self.bar_seconds = time_hooks(bar, tuple(hooks), self.clock)
         self._fit_start = time.perf_counter()
 
     def after_fit(self) -> None:
