@@ -59,7 +59,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert (ddp["strategy"], ddp["process_group_backend"]) == ("DDPStrategy", "gloo"), ddp
     nondet = json.loads((out / "nondeterministic.json").read_text())
     assert nondet["returncode"] == 2 and "--trainer.deterministic warn" in nondet["error_paragraph"], nondet
-    assert nondet["with_deterministic_warn"]["returncode"] == 0, nondet
+    assert nondet["with_deterministic_warn"] == "not run in the dry-run", nondet  # on the GPU only
     bench = json.loads((out / "bench_gpu.json").read_text())
     assert bench["gpu"]["template_images_per_s"] > 0 and bench["gpu"]["raw_loop_images_per_s"] > 0, bench
 
