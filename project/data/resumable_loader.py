@@ -5,10 +5,10 @@ Lightning saves the train loader's position in every checkpoint when the *loader
 it in FitLoop.setup_data before the first batch of the resumed run. A plain DataLoader has neither, so this
 subclass provides them (the in-memory loader has the same two methods).
 
-Why not a stock loader: torchdata's StatefulDataLoader has the same two methods, but it is another package
-(not in this template's dependencies), and with a RandomSampler it still needs the order to come from
-(seed, epoch) alone; Lightning's DistributedSampler injection orders by seed + epoch, but only under DDP and
-from the start of an epoch only.
+Why not a stock loader: torchdata's StatefulDataLoader has the same two methods, but it is another package (not
+among this template's dependencies) for what is one integer here, since the order is EpochSampler's, the sampler
+the in-memory loader uses too. Lightning's DistributedSampler injection orders by seed + epoch, but only under DDP
+and only from the start of an epoch.
 
 How the position is exact:
 - The order of epoch `e` is EpochSampler's permutation seeded by (seed, e): a function of (seed, epoch)
@@ -21,8 +21,8 @@ How the position is exact:
   follows a resume is the same sample set, but its random augmentation differs (each worker's RNG has
   consumed a different number of draws); with num_workers=0 augmentation uses the global torch RNG, which
   RNGState restores, so mid-epoch resume is exact.
-- Under DDP, Lightning wraps the sampler in its DistributedSamplerWrapper; that wrapper cannot start mid-epoch,
-  so a mid-epoch resume there restarts the interrupted epoch from its first batch.
+- Under DDP, Lightning wraps the sampler in its DistributedSamplerWrapper, which cannot start mid-epoch: after a
+  mid-epoch resume there, the rest of the interrupted epoch is drawn from the start of that epoch's order.
 """
 
 from collections.abc import Iterator
