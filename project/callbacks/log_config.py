@@ -117,9 +117,17 @@ class LogConfig(SaveConfigCallback):
     def _defaults(self) -> dict:
         """The config of `python -m project fit` without flags (configs/default.yaml), dumped as config.yaml is."""
         if getattr(self, "_default_config", None) is None:
-            defaults = self.parser.get_defaults()
-            dump = self.parser.dump(defaults, skip_none=False, skip_validation=True)
-            self._default_config = redact(yaml.safe_load(dump))
+            try:
+                defaults = self.parser.get_defaults()
+                dump = self.parser.dump(defaults, skip_none=False, skip_validation=True)
+                self._default_config = redact(yaml.safe_load(dump))
+            except Exception as err:  # a finished run must not fail over a column of the HPARAMS table
+                from lightning.pytorch.utilities import rank_zero_warn
+
+                rank_zero_warn(
+                    f"HPARAMS: the default config could not be read ({err}); no changed keys are listed."
+                )
+                self._default_config = {}
         return self._default_config
 
 
@@ -175,6 +183,8 @@ def key_hyperparameters(config: dict, defaults: dict, trainer, pl_module) -> dic
         for k in sorted(flat.keys() | flat_defaults.keys())
         if k not in shown and not LOCATION_KEY.search(k) and flat.get(k) != flat_defaults.get(k)
     }
+    if not defaults:  # the defaults could not be read: nothing to compare with
+        changed = {}
     return {k: _plain(v) for k, v in {**key, **changed}.items()}
 
 

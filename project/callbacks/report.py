@@ -26,7 +26,7 @@ class RunReport(Callback):
 
     Args:
         filename: file name inside the run directory.
-        num_wrong: how many confidently wrong test images to show (a square grid).
+        num_wrong: how many confidently wrong test images to show (in the grid that draws them largest).
         dpi: resolution; the figure is 15 x 10 inches.
     """
 
@@ -274,7 +274,9 @@ def _wrong_grid(subfig, wrong, class_names) -> None:
             ax.imshow(img[0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
         else:
             ax.imshow(img[:3].permute(1, 2, 0).numpy(), interpolation="nearest")
-        ax.set_title(caption(name(pred), name(true), conf, columns), fontsize=CAPTION_PT, pad=2, va="bottom")
+        ax.set_title(
+            caption(name(pred), name(true), conf, columns), fontsize=CAPTION_PT, y=1, pad=2, va="bottom"
+        )
         ax.set_axis_off()
     for ax in axes[len(wrong) :]:
         ax.remove()
