@@ -228,6 +228,14 @@ def template_run(
         return result
 
 
+def config_data_args() -> dict:
+    """data.init_args of configs/default.yaml."""
+    import yaml
+
+    with open(DEFAULT_CONFIG) as f:
+        return dict(yaml.safe_load(f)["data"]["init_args"])
+
+
 class RawLoop:
     """The hand-written loop, one epoch per call: zero_grad, forward, loss, backward, step, scheduler step;
     then accuracy on the validation split under no_grad. Its own model, optimizer and loader (same split).
@@ -257,7 +265,9 @@ class RawLoop:
     ) -> None:
         torch.manual_seed(seed)
         os.environ.setdefault("PL_GLOBAL_SEED", str(seed))
-        dm = ImageClassificationDataModule(batch_size=batch_size)
+        # The data settings of configs/default.yaml (augmentation off there; the class default is on), so both
+        # sides get the same batches' worth of work.
+        dm = ImageClassificationDataModule(**{**config_data_args(), "batch_size": batch_size})
         dm.setup("fit")
         self.train, self.val, self.limit = dm.train_dataloader(), dm.val_dataloader(), limit
         self.model = ConvNet(dm.num_classes, dm.in_channels, width=width)
