@@ -9,6 +9,7 @@ the plotly versions need plotly and a browser or kaleido to become a PNG. The im
 import csv
 import os
 import shlex
+import sys
 import warnings
 from pathlib import Path
 
@@ -97,7 +98,9 @@ def print_table(study: optuna.Study, rows: list[dict], keys: list[str], metric: 
             str(r["seconds"]),
             str(r["error"]),
         )
-    Console().print(table)
+    # Piped or in a log file Rich would assume 80 columns and cut every column short: the CSV has it all, but the
+    # log should too.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def fmt(value) -> str:
