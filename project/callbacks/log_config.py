@@ -180,7 +180,7 @@ def key_hyperparameters(config: dict, defaults: dict, trainer, pl_module) -> dic
     shown |= {"trainer.devices", "trainer.num_nodes", "model.init_args.model.class_path"}
     changed = {
         k: flat.get(k)
-        for k in sorted(flat.keys() | flat_defaults.keys())
+        for k in flat  # keys only in the defaults: a value replaced by a mapping (its keys are listed) or a list cut
         if k not in shown and not LOCATION_KEY.search(k) and flat.get(k) != flat_defaults.get(k)
     }
     if not defaults:  # the defaults could not be read: nothing to compare with
