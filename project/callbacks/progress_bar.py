@@ -27,7 +27,11 @@ class ProgressBar(RichProgressBar):
     The stock bar updates its task and re-reads every logged metric after each batch. On the digits ConvNet
     (20 batches of ~13 ms per epoch, 2 CPU cores) that cost ~6% of the training throughput (`make bench`);
     nobody reads a bar more often than a few times a second. The last batch of an epoch always updates, so
-    the bar ends at its true count.
+    the bar ends at its true count. Its hooks took 0.33% of the steady epochs' time in `make bench`
+    (progress_bar_hook_fraction, 2026-12-01, AMD EPYC, 2 loaded cores).
+
+    Why not the stock `refresh_rate` (RichProgressBar and TQDMProgressBar): it counts batches, so a value that
+    suits 13 ms steps redraws too rarely for 1 s steps and too often for 1 ms ones; a time interval suits both.
 
     Args:
         min_interval: seconds between two redraws of a batch counter (0 = every batch, like RichProgressBar).
