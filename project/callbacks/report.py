@@ -222,6 +222,7 @@ def _confusion(ax, confusion, class_names) -> None:
         ax.set_xticks(ticks, [str(i) for i in ticks], rotation=0)
         ax.set_yticks(ticks, [str(i) for i in ticks], rotation=0)
     ax.tick_params(labelsize="small")
+    ax.tick_params(axis="y", labelrotation=0)  # torchmetrics tilts them 25 degrees
     for text in ax.texts:
         text.set_fontsize("x-small")
     cm = confusion.numpy()
