@@ -97,10 +97,10 @@ def test_sweep_results_failed_and_pruned_trials_and_best_rerun(tmp_path):
         env=THREADS,
         timeout=SWEEP_TIMEOUT,
     )
-    assert run.returncode == 0, run
+    assert run.returncode == 0, str(run)
     trials = study_of(sweep_dir).get_trials()
     states = [t.state for t in trials]
-    assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED], run
+    assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED], str(run)
     # every trial is a run directory of its own, with what `make train` writes
     dirs = sorted(p.name for p in (sweep_dir / "trials").iterdir())
     assert dirs == [f"{t.number:03d}" for t in trials], dirs
@@ -117,7 +117,7 @@ def test_sweep_results_failed_and_pruned_trials_and_best_rerun(tmp_path):
     for name in ("trials.csv", "best.yaml", "report.png"):
         assert (sweep_dir / name).is_file(), name
     assert len((sweep_dir / "trials.csv").read_text().splitlines()) == 1 + len(trials)
-    assert "Sweep 't': val/loss (minimize)" in run.stdout, run
+    assert "Sweep 't': val/loss (minimize)" in run.stdout, str(run)
     best = trials[0]
     best_yaml = yaml.safe_load((sweep_dir / "best.yaml").read_text())
     assert "callbacks+" not in best_yaml["trainer"], best_yaml  # the sweep's pruning callback stays out
@@ -131,7 +131,7 @@ def test_sweep_results_failed_and_pruned_trials_and_best_rerun(tmp_path):
         env=THREADS,
         timeout=SWEEP_TIMEOUT,
     )
-    assert rerun.returncode == 0, rerun
+    assert rerun.returncode == 0, str(rerun)
     (run_dir,) = [p for p in rerun.runs() if p.name != "sweeps"]
     assert summary(run_dir)["best_score"] == best.value, (summary(run_dir), best.value)
 
@@ -154,7 +154,7 @@ def test_sweep_results_failed_and_pruned_trials_and_best_rerun(tmp_path):
         env=THREADS,
         timeout=SWEEP_TIMEOUT,
     )
-    assert report.returncode == 0, report
+    assert report.returncode == 0, str(report)
     assert (sweep_dir / "best.yaml").is_file() and (sweep_dir / "report.png").is_file()
 
 
@@ -226,12 +226,12 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
     again = launch([*command, "--workers", "2"], checkout, env=THREADS, timeout=SWEEP_TIMEOUT)
-    assert again.returncode == 0, again
+    assert again.returncode == 0, str(again)
     trials = study_of(sweep_dir).get_trials()
     by_state = {s: [t for t in trials if t.state == s] for s in TrialState}
-    assert len(by_state[TrialState.COMPLETE]) == 2, again
-    assert {t.number for t in by_state[TrialState.FAIL]} == set(killed), again
-    assert not by_state[TrialState.RUNNING] and not by_state[TrialState.WAITING], again
+    assert len(by_state[TrialState.COMPLETE]) == 2, str(again)
+    assert {t.number for t in by_state[TrialState.FAIL]} == set(killed), str(again)
+    assert not by_state[TrialState.RUNNING] and not by_state[TrialState.WAITING], str(again)
     # none lost, none run twice: the complete trials are the killed trials' values, once each
     complete = sorted(t.params[SMOOTHING] for t in by_state[TrialState.COMPLETE])
     assert complete == sorted(p[SMOOTHING] for p in killed.values()), (complete, killed)
@@ -255,14 +255,14 @@ def test_slurm_array_worker_with_a_journal_storage(tmp_path):
     # PY: the environment's python, as a job script gets it from an activated environment
     env = {**THREADS, "SLURM_ARRAY_TASK_ID": "3", "SLURM_SUBMIT_DIR": str(checkout), "PY": sys.executable}
     refused = launch(script, checkout, env=env, timeout=60)
-    assert refused.returncode == 2 and "--storage" in refused.stderr, refused
+    assert refused.returncode == 2 and "--storage" in refused.stderr, str(refused)
     journal = tmp_path / "shared" / "study.journal"
     journal.parent.mkdir()
     run = launch([*script, "--storage", f"journal:{journal}"], checkout, env=env, timeout=SWEEP_TIMEOUT)
-    assert run.returncode == 0, run
+    assert run.returncode == 0, str(run)
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
     (trial,) = optuna.load_study(study_name="t", storage=storage).get_trials()
-    assert trial.state == TrialState.COMPLETE, run
+    assert trial.state == TrialState.COMPLETE, str(run)
     assert trial.intermediate_values == {0: trial.value}, (
         trial.intermediate_values
     )  # reported by the trial process
