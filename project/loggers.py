@@ -14,13 +14,18 @@ from pathlib import Path
 
 
 def configure_loggers(loggers: list, run_dir: Path) -> list:
-    """Deduplicate by class, and point each logger that has a save_dir at the run directory."""
+    """Deduplicate by class, and point each logger that has a save_dir at the run directory, as an absolute path.
+
+    Absolute because TensorBoard's event writer appends from a background thread, resolving its path against the
+    working directory at that moment, and jsonargparse changes the working directory while it reads a config file
+    (LogConfig reads the defaults after fit): a relative save_dir made the writer fail with FileNotFoundError.
+    """
     by_class: dict[str, object] = {}
     for logger in loggers:
         by_class[logger.class_path] = logger  # dicts keep the first position; the later config wins
     for logger in by_class.values():
         if "save_dir" in logger.init_args:
-            logger.init_args.save_dir = str(run_dir)
+            logger.init_args.save_dir = str(Path(run_dir).absolute())
         if logger.class_path.endswith("WandbLogger"):
             configure_wandb(logger.init_args, run_dir)
     return list(by_class.values())

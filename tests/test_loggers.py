@@ -176,3 +176,16 @@ def test_logger_overlays_combine_without_duplicates(tmp_path):
     out = configure_loggers(loggers, tmp_path)
     assert [x.class_path.rsplit(".", 1)[1] for x in out] == ["TensorBoardLogger", "CSVLogger"]
     assert out[0].init_args.v == 2  # the later overlay's settings win
+
+
+def test_logger_save_dirs_are_absolute(tmp_path, monkeypatch):
+    """TensorBoard appends events from a background thread, resolving a relative path against the working directory
+    of that moment; jsonargparse changes it while reading a config file (LogConfig does, after fit), and a run then
+    died with FileNotFoundError. Every logger gets the run directory as an absolute path."""
+    monkeypatch.chdir(tmp_path)
+    loggers = [
+        Namespace(class_path=f"lightning.pytorch.loggers.{name}", init_args=Namespace(save_dir="runs"))
+        for name in ("TensorBoardLogger", "CSVLogger")
+    ]
+    for logger in configure_loggers(loggers, Path("runs/r")):
+        assert logger.init_args.save_dir == str(tmp_path / "runs" / "r")

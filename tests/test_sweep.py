@@ -15,6 +15,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 import yaml
 from optuna.trial import TrialState
 
@@ -199,8 +200,8 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
             if (sweep_dir / "study.db").exists():
                 try:
                     running = study_of(sweep_dir).get_trials(states=(TrialState.RUNNING,))
-                except (KeyError, optuna.exceptions.StorageInternalError):
-                    running = []  # the study is being created
+                except (KeyError, optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError):
+                    running = []  # the study is being created (its tables too: "table ... already exists")
                 # mid-trial: both trial processes are inside `fit` (LightningCLI wrote their config.yaml)
                 if len(running) == 2 and all(
                     (Path(t.user_attrs.get("run_dir", "-")) / "config.yaml").exists() for t in running
