@@ -143,11 +143,7 @@ class ClassificationModule(L.LightningModule):
         self._log_metrics({"train/loss": "train_loss", "train/acc": "train_acc"}, prog_bar=True)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss, logits, y = self._shared_step(batch)
-        self.val_loss.update(loss, weight=y.numel())
-        self.val_acc.update(logits, y)
-        if self.top5:
-            self.val_acc5.update(logits, y)
+        self._evaluate(batch, "val")
 
     def on_validation_epoch_end(self) -> None:
         acc = self.val_acc.compute()
@@ -163,11 +159,15 @@ class ClassificationModule(L.LightningModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Update the test metrics; return the float32 logits (batch, num_classes) for callbacks (RunReport)."""
+        return self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        """Update `<stage>_loss`, `<stage>_acc` (and `<stage>_acc5`) with one batch; return its float32 logits."""
         loss, logits, y = self._shared_step(batch)
-        self.test_loss.update(loss, weight=y.numel())
-        self.test_acc.update(logits, y)
+        getattr(self, f"{stage}_loss").update(loss, weight=y.numel())
+        getattr(self, f"{stage}_acc").update(logits, y)
         if self.top5:
-            self.test_acc5.update(logits, y)
+            getattr(self, f"{stage}_acc5").update(logits, y)
         return logits
 
     def on_test_epoch_end(self) -> None:

@@ -66,29 +66,13 @@ class ProgressBar(RichProgressBar):
         if not self.is_disabled and self._due(batch_idx, self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
-    def on_validation_batch_end(
-        self,
-        trainer: "L.Trainer",
-        pl_module: "L.LightningModule",
-        outputs,
-        batch,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, *rest) -> None:
         if self.is_disabled:
             return
         total = self.total_val_batches_current_dataloader
         if trainer.sanity_checking or self._due(batch_idx, total):
-            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, *rest)
 
-    def on_test_batch_end(
-        self,
-        trainer: "L.Trainer",
-        pl_module: "L.LightningModule",
-        outputs,
-        batch,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, *rest) -> None:
         if not self.is_disabled and self._due(batch_idx, self.total_test_batches_current_dataloader):
-            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, *rest)
