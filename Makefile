@@ -21,6 +21,8 @@ ARGS   ?=
 # train-ddp: processes per node (default: every GPU, or 2 CPU processes when nvidia-smi finds none) and nodes.
 NPROC  ?= $(if $(shell nvidia-smi -L 2>/dev/null),auto,2)
 NODES  ?= 1
+# test: pytest-xdist worker processes, each taking whole test files (TEST_WORKERS=0: one process, as plain pytest).
+TEST_WORKERS ?= 2
 # sweep: the sweep file and worker processes on this machine.
 SPACE   ?= configs/sweep/digits.yaml
 WORKERS ?= 1
@@ -86,8 +88,8 @@ sweep: $(STAMP)  ## Optuna sweep of SPACE (configs/sweep/digits.yaml) in WORKERS
 resume: $(STAMP)  ## continue the most recent run from its checkpoints/last.ckpt, in its own run dir (extra flags: ARGS)
 	$(PY) -m project fit --config $(CONFIG) --ckpt_path last $(ARGS)
 
-test: $(STAMP)  ## run the test suite (extra pytest flags: ARGS="...")
-	$(PY) -m pytest $(ARGS)
+test: $(STAMP)  ## run the test suite in TEST_WORKERS processes (extra pytest flags: ARGS="...")
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 mutants: $(STAMP)  ## plant each known bug (scripts/mutants/*.patch) in a copy: its claims' tests must fail (ARGS: names, --list)
 	$(PY) scripts/mutate.py $(ARGS)

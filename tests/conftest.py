@@ -39,7 +39,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# The longest files first (seconds on 2 idle cores, from --durations): `make test` runs two pytest-xdist workers
+# that take whole files in this order, so the long ones start at once instead of ending the run on one core.
+LONGEST_FIRST = (
+    "test_sweep.py",  # ~135
+    "test_readme.py",  # ~95
+    "test_ddp.py",  # ~75
+    "test_resume_kill.py",  # ~70
+    "test_bench.py",  # ~55
+    "test_gpu_check.py",  # ~50
+    "test_cli.py",  # ~35
+    "test_ddp_slurm.py",  # ~25
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
     for item in items:  # launching processes takes seconds: every multi-process test is also a slow one
         if item.get_closest_marker("ddp") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
@@ -128,6 +144,8 @@ MAKE_VARIABLES = (
     "SPACE",
     "WORKERS",
     "INSTALL",
+    "TEST_WORKERS",
+    "PORT",
 )
 
 

@@ -191,7 +191,6 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
     sweep_dir = (tmp_path / "sweep").resolve()
     command = [sys.executable, "-m", "project", "sweep", "--space", str(space), "--dir", str(sweep_dir)]
     env = {**user_environment(), **THREADS}
-    env.pop("PROJECT_RUN_DIR", None)
     first = subprocess.Popen([*command, "--workers", "2"], cwd=checkout, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + SWEEP_TIMEOUT

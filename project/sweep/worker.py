@@ -92,7 +92,6 @@ def trial_command(sweep: Sweep, config: Path, run_dir: Path) -> list[str]:
 
 def trial_env(sweep: Sweep) -> dict:
     env = dict(os.environ)
-    env.pop("PROJECT_RUN_DIR", None)  # --run_dir names the trial's directory
     if sweep.threads:
         env["OMP_NUM_THREADS"] = sweep.threads
     return env
