@@ -199,7 +199,7 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
             if (sweep_dir / "study.db").exists():
                 try:
                     running = study_of(sweep_dir).get_trials(states=(TrialState.RUNNING,))
-                except (KeyError, optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError):
+                except (KeyError, optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError):
                     running = []  # the study is being created (its tables too: "table ... already exists")
                 # mid-trial: both trial processes are inside `fit` (LightningCLI wrote their config.yaml)
                 if len(running) == 2 and all(
