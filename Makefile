@@ -8,6 +8,7 @@
 #   make export CKPT=runs/<run>/checkpoints/last.ckpt
 #   make doctor                is this machine ready to train?
 #   make sweep WORKERS=2       hyperparameter sweep (Optuna), trials = make train runs; best.yaml at the end
+#   make prepare SOURCE=imagefolder ROOT=/data/pets OUTPUT=/data/pets-stream IMAGE_SIZE=64   litdata chunks for streaming
 #   make tensorboard           watch the runs under runs/ in TensorBoard: http://127.0.0.1:6006/ (PORT=...)
 # The environment: the active virtualenv or conda env if there is one, else ./.venv (created here).
 # Packages are (re)installed only when pyproject.toml or constraints.txt changed.
@@ -26,6 +27,12 @@ TEST_WORKERS ?= 2
 # sweep: the sweep file and worker processes on this machine.
 SPACE   ?= configs/sweep/digits.yaml
 WORKERS ?= 1
+# prepare: the source (imagefolder, digits, cifar10, mnist, fashionmnist), its folder, where the chunks go (a
+# directory or s3://bucket/prefix) and the training size (unset: native size).
+SOURCE     ?= digits
+ROOT       ?=
+OUTPUT     ?= data/$(SOURCE)-stream
+IMAGE_SIZE ?=
 # tensorboard: the port it listens on, on 127.0.0.1 only (not reachable from other machines).
 PORT   ?= 6006
 
@@ -43,7 +50,7 @@ ifeq ($(INSTALL)$(wildcard $(PY)),0)  # INSTALL=0 without an env or ./.venv: the
 PY := $(PYTHON)
 endif
 
-.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick mutants tensorboard sweep
+.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick bench-data mutants tensorboard sweep prepare
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -59,7 +66,7 @@ $(STAMP):
 	$(PY) scripts/check_env.py
 else
 $(STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,export,report,sweep]"
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,export,report,sweep,stream]"
 	@touch $(STAMP)
 endif
 
@@ -85,6 +92,9 @@ tensorboard: $(STAMP)  ## TensorBoard on runs/ at http://127.0.0.1:6006/ (PORT=.
 sweep: $(STAMP)  ## Optuna sweep of SPACE (configs/sweep/digits.yaml) in WORKERS processes; same command resumes (ARGS)
 	$(PY) -m project sweep --space $(SPACE) --config $(CONFIG) --workers $(WORKERS) $(ARGS)
 
+prepare: $(STAMP)  ## write SOURCE (ROOT=...) as litdata chunks at OUTPUT (dir or s3://), resized to IMAGE_SIZE; re-run safe
+	$(PY) -m project prepare --source $(SOURCE) $(if $(ROOT),--root "$(ROOT)") --output_dir "$(OUTPUT)" $(if $(IMAGE_SIZE),--image_size $(IMAGE_SIZE)) $(ARGS)
+
 resume: $(STAMP)  ## continue the most recent run from its checkpoints/last.ckpt, in its own run dir (extra flags: ARGS)
 	$(PY) -m project fit --config $(CONFIG) --ckpt_path last $(ARGS)
 
@@ -99,6 +109,9 @@ bench: $(STAMP)  ## template vs hand-written loop, side by side (<= 10 min): run
 
 bench-quick: $(STAMP)  ## the same figures with 2 repeats and fewer sizes (<= 2 min)
 	$(PY) scripts/bench.py --quick $(ARGS)
+
+bench-data: $(STAMP)  ## data loading: decode, folder setup, streaming vs in-memory vs DataLoader (scripts/bench_data.py)
+	$(PY) scripts/bench_data.py $(ARGS)
 
 lint: $(STAMP)  ## ruff lint + format check
 	$(PY) -m ruff check project tests scripts

@@ -18,6 +18,7 @@ TOOLS = {
     "export": "project.export",
     "doctor": "project.doctor",
     "sweep": "project.sweep",  # hyperparameter sweeps: each trial is a `fit` process of its own
+    "prepare": "project.prepare",  # a dataset as litdata chunks for project.data.StreamingDataModule
 }
 
 
