@@ -147,9 +147,11 @@ def _real_batches(hparams: dict, n: int) -> dict[str, Tensor]:
         print(f"  (no real inputs: the training data is not available here: {err})", flush=True)
         return {}
     batches = {}
-    for i, (x, _) in enumerate(loader):
+    for i, batch in enumerate(loader):
         if i >= n:
             break
+        # what the model sees in training: ImageFolder batches are normalised in this hook (normalize.py)
+        x, _ = data.on_after_batch_transfer(batch, 0)
         batches[f"test batch {i} ({len(x)} images)"] = x
     return batches
 

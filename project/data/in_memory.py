@@ -18,6 +18,7 @@ from torch import Tensor
 
 from project.data.batch_augment import AUGMENT_POLICIES, augment_batch
 from project.data.epoch_sampler import EpochSampler
+from project.data.normalize import normalize
 from project.rng import mix_seed
 
 
@@ -61,8 +62,8 @@ class InMemoryLoader:
         self.images = images.to(self.device)
         self.labels = labels.long().to(self.device)
         self.scale = 1 / 255.0 if images.dtype == torch.uint8 else 1.0
-        self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, -1, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, -1, 1, 1)
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(-1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(-1, 1, 1)
         self.batch_size, self.shuffle, self.augment = batch_size, shuffle, augment
         self.sampler = EpochSampler(len(labels), shuffle, seed, rank, world_size)
         self.sampler.on_new_epoch = self._restart
@@ -108,7 +109,7 @@ class InMemoryLoader:
                 mix_seed(self.sampler.seed, epoch, b, self.sampler.rank)
             )
             x = augment_batch(x, self.augment, g)
-        return (x - self.mean) / self.std, self.labels.index_select(0, idx)
+        return normalize(x, self.mean, self.std), self.labels.index_select(0, idx)
 
     def state_dict(self) -> dict:
         s = self.sampler

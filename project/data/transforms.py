@@ -1,8 +1,15 @@
-"""transforms v2 pipelines: augmentation policy per source, and normalisation from training-split statistics."""
+"""transforms v2 pipelines: augmentation policy per source, and normalisation from training-split statistics.
+
+Tensor sources (digits, torchvision datasets) normalise per sample here; ImageFolder samples stay pixels
+(`image_folder_transform`) and the data module normalises them a batch at a time on the device. Both use
+project/data/normalize.py, as predict and export do.
+"""
 
 import torch
 from torch import Tensor
 from torchvision.transforms import v2
+
+from project.data.normalize import Normalize
 
 
 def channel_stats(images: Tensor) -> tuple[list[float], list[float]]:
@@ -35,5 +42,24 @@ def build_transform(
             if size is not None:
                 steps.append(v2.RandomCrop(size, padding=min(size) // 8, padding_mode="reflect"))
             steps.append(v2.RandomHorizontalFlip())
-    steps.append(v2.Normalize(mean, std))
+    steps.append(Normalize(mean, std))
     return v2.Compose(steps)
+
+
+# RandomResizedCrop's area range: torchvision's ImageNet recipe (and scripts/bench_decode.py's reference)
+CROP_SCALE = (0.08, 1.0)
+
+
+def image_folder_transform(train: bool, augment: bool, size: tuple[int, int]) -> v2.Compose:
+    """ImageFolder's per-sample pipeline on the (3, H, W) uint8 tensors of project/data/decode.py, unnormalised.
+
+    Training with augment: RandomResizedCrop(size, scale=CROP_SCALE) + RandomHorizontalFlip on uint8, so the batch
+    stays uint8 (4x smaller to collate, pin and copy) and the crop is resized, not the whole image. Evaluation, and
+    training without augment: to float in [0, 1] and Resize(size), the operations predict repeats
+    (project/inference.py), so its inputs equal the evaluation inputs bit for bit.
+    """
+    if train and augment:
+        return v2.Compose(
+            [v2.RandomResizedCrop(size, scale=CROP_SCALE, antialias=True), v2.RandomHorizontalFlip()]
+        )
+    return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Resize(size, antialias=True)])
