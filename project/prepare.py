@@ -60,6 +60,23 @@ def join(base: str, *parts: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------- storage
+def allow_plain_http(storage_options: dict | None = None) -> None:
+    """Let litdata's obstore transfers use an http:// S3-compatible endpoint (MinIO on a LAN, moto in the tests).
+
+    litdata (0.2.76) moves chunks with obstore, whose client refuses plain HTTP unless told, and litdata passes
+    it fixed client options that ignore AWS_ALLOW_HTTP; boto3 (index files) has no such rule. So when the endpoint
+    (storage_options' endpoint_url, else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) is http://, allow_http is
+    added to those options, in this process and the loader workers it forks.
+    """
+    endpoint = (storage_options or {}).get("endpoint_url") or os.environ.get(
+        "AWS_ENDPOINT_URL_S3", os.environ.get("AWS_ENDPOINT_URL", "")
+    )
+    if endpoint.startswith("http://"):
+        from litdata.streaming import downloader
+
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+
+
 def _fs(url: str, storage_options: dict | None):
     from litdata.streaming.fs_provider import _get_fs_provider  # s3://, gs://, r2:// as litdata reaches them
 
@@ -388,6 +405,8 @@ def prepare(
 
     import litdata
 
+    if is_remote(output_dir):
+        allow_plain_http()
     workers = num_workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     for split in SPLITS:
         split_dir = join(output_dir, split)

@@ -32,7 +32,7 @@ from project.data.batch_augment import augment_batch
 from project.data.validate import check_batch_size
 from project.data.workers import default_num_workers
 from project.errors import ConfigError
-from project.prepare import join, read_metadata
+from project.prepare import allow_plain_http, join, read_metadata
 from project.rng import mix_seed, run_seed
 
 AUGMENT_STREAM = 2  # mix_seed(seed, epoch, batch, rank, 2): a training batch's augmentation
@@ -115,6 +115,8 @@ class StreamingDataModule(L.LightningDataModule):
         from litdata import StreamingDataLoader, StreamingDataset
 
         hp = self.hparams
+        if "://" in self.input_dir:
+            allow_plain_http(hp.storage_options)
         workers = hp.num_workers
         if workers is None:
             workers = default_num_workers(True, self.trainer.num_devices if self.trainer is not None else 1)
