@@ -8,17 +8,20 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from project.data import digits, image_folder, torchvision_datasets
+from project.data import digits, folder_index, image_folder, torchvision_datasets
+from project.data.image_files import ImageFiles
 from project.data.in_memory import InMemoryLoader
 from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import ImageTensorDataset, stratified_split
 from project.data.transforms import build_transform, channel_stats
-from project.data.validate import check_batch_size, check_images, check_labels, check_split_sizes
+from project.data.validate import check_batch_size, check_labels, check_split_sizes, fail_unreadable
 from project.data.workers import default_num_workers
 from project.errors import ConfigError
 from project.rng import run_seed
 
 Source = Literal["digits", "imagefolder", "cifar10", "mnist", "fashionmnist"]
+# ImageFolder: normalisation statistics from at most this many evenly spaced training images
+STATS_LIMIT = 512
 
 
 class ImageClassificationDataModule(L.LightningDataModule):
@@ -178,33 +181,35 @@ class ImageClassificationDataModule(L.LightningDataModule):
 
     def _setup_image_folder(self) -> None:
         hp, size = self.hparams, self.input_shape[1:]
-        stats_base = image_folder.split_folder(
+        stats_tf = build_transform("none", [0.0] * 3, [1.0] * 3, False, False, size)
+        # Indexed and checked once, on one process; later starts re-check only new or changed files, and the
+        # statistics are recomputed only when the training files changed (project/data/folder_index.py).
+        index = folder_index.index_folder(
             hp.root,
-            "train",
             self.class_names,
-            build_transform("none", [0.0] * 3, [1.0] * 3, False, False, size),
+            stats=lambda samples: _folder_stats(ImageFiles(samples, stats_tf)),
+            stats_key=f"folder_stats v1 size={size[0]}x{size[1]} limit={STATS_LIMIT}",
         )
-        check_images(stats_base.samples, stats_base.root)  # unreadable files fail before training
-        self.mean, self.std = _folder_stats(stats_base)
+        for name, samples in index.samples.items():  # unreadable files fail before training, train first
+            fail_unreadable(index.unreadable[name], len(samples), os.path.join(hp.root, name))
+        self.mean, self.std = index.mean, index.std
         train_tf, eval_tf = (
             build_transform("natural", self.mean, self.std, train=t, augment=hp.augment, size=size)
             for t in (True, False)
         )
-        train_aug = image_folder.split_folder(hp.root, "train", self.class_names, train_tf)
-        train_eval = image_folder.split_folder(hp.root, "train", self.class_names, eval_tf)
+        train_aug = ImageFiles(index.samples["train"], train_tf)
+        train_eval = ImageFiles(index.samples["train"], eval_tf)
         labels = train_aug.targets
-        index = list(range(len(labels)))
+        kept = list(range(len(labels)))
         held_out = {}
         for name, fraction in (("test", hp.test_fraction), ("val", hp.val_fraction)):  # test first, as before
-            folder = image_folder.split_folder(hp.root, name, self.class_names, eval_tf)
-            if folder is None:  # no <root>/<name>: carved from train, stratified
-                index, held = _carve(labels, index, fraction, hp.split_seed, name)
-                folder = Subset(train_eval, held)
-            else:
-                check_images(folder.samples, folder.root)
-            held_out[name] = folder
+            if name in index.samples:
+                held_out[name] = ImageFiles(index.samples[name], eval_tf)
+            else:  # no <root>/<name>: carved from train, stratified
+                kept, held = _carve(labels, kept, fraction, hp.split_seed, name)
+                held_out[name] = Subset(train_eval, held)
         self.train_set, self.val_set, self.test_set = (
-            Subset(train_aug, index),
+            Subset(train_aug, kept),
             held_out["val"],
             held_out["test"],
         )
@@ -351,7 +356,7 @@ def _carve(
     return [index[i] for i in keep], [index[i] for i in held]
 
 
-def _folder_stats(dataset: Dataset, limit: int = 512) -> tuple[list[float], list[float]]:
+def _folder_stats(dataset: Dataset, limit: int = STATS_LIMIT) -> tuple[list[float], list[float]]:
     step = max(1, len(dataset) // limit)
     images = torch.stack([dataset[i][0] for i in range(0, len(dataset), step)])
     return channel_stats(images)

@@ -1,9 +1,12 @@
-"""ImageFolder data: root/train/<class>/*, with root/val and root/test optional (carved from train if absent)."""
+"""ImageFolder data: root/train/<class>/*, with root/val and root/test optional (carved from train if absent).
+
+This file reads the layout (class names, image size); project/data/folder_index.py lists and checks the files
+once, and project/data/image_files.py serves them.
+"""
 
 from pathlib import Path
 
 from PIL import Image
-from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from project.errors import ConfigError
@@ -30,20 +33,3 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
                 except Exception:  # reported with every other unreadable file at setup (check_images)
                     continue
     raise ConfigError(f"'{train}' has class folders {classes} but no images ({', '.join(IMG_EXTENSIONS)}).")
-
-
-def split_folder(root: str, split: str, classes: list[str], transform) -> ImageFolder | None:
-    """torchvision ImageFolder over root/<split>, or None when that split is absent."""
-    path = Path(root) / split
-    if not path.is_dir():
-        return None
-    try:
-        ds = ImageFolder(str(path), transform=transform)
-    except FileNotFoundError as err:
-        raise ConfigError(f"'{path}': {err}. Expected {LAYOUT}.") from err
-    if split != "train" and ds.classes != classes:
-        raise ConfigError(
-            f"'{path}' has classes {ds.classes}, but '{Path(root) / 'train'}' has {classes}. "
-            "Every split must have the same class folders."
-        )
-    return ds

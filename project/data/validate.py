@@ -17,18 +17,28 @@ def check_images(samples: list[tuple[str, int]], folder: str | Path) -> None:
 
     PIL's verify() reads the file structure without decoding pixels (PNG checksums included), so it is much
     cheaper than loading; a JPEG truncated inside its pixel data can still pass and would fail when loaded.
+    project/data/folder_index.py runs this check once per file and keeps the verdicts between starts.
     """
-    bad = []
-    for path, _ in samples:
-        try:
-            with Image.open(path) as im:
-                im.verify()
-        except Exception as err:  # PIL raises many types: UnidentifiedImageError, OSError, SyntaxError, ...
-            bad.append(f"{path} ({type(err).__name__}: {str(err)[:80]})")
+    bad = [f"{path} ({reason})" for path, _ in samples if (reason := unreadable_reason(path)) is not None]
+    fail_unreadable(bad, len(samples), folder)
+
+
+def unreadable_reason(path: str | Path) -> str | None:
+    """None when PIL can open and verify the file; else "ErrorType: message" (shortened) saying why not."""
+    try:
+        with Image.open(path) as im:
+            im.verify()
+    except Exception as err:  # PIL raises many types: UnidentifiedImageError, OSError, SyntaxError, ...
+        return f"{type(err).__name__}: {str(err)[:80]}"
+    return None
+
+
+def fail_unreadable(bad: list[str], total: int, folder: str | Path) -> None:
+    """One error listing the unreadable files ("path (reason)", up to 10, then how many more) of `total`."""
     if bad:
         listed = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
         raise ConfigError(
-            f"{len(bad)} of {len(samples)} files under '{folder}' are not readable images: {listed}. Delete or "
+            f"{len(bad)} of {total} files under '{folder}' are not readable images: {listed}. Delete or "
             "replace them (class folders may only hold images), then start again. Nothing was trained."
         )
 
