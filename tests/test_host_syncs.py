@@ -128,3 +128,6 @@ def test_no_host_sync_in_steady_state_steps(in_tmp):
     # LeanHooks took the inherited no-op per-batch hooks out of Lightning's dispatch, and only those.
     assert counter.on_train_batch_start is not None and guard.on_before_backward is not None
     assert guard.on_after_backward is None and guard.on_before_zero_grad is None
+    # ... and answered the loop's two per-batch questions once (instance attributes over Lightning's methods).
+    assert "get_instance" in vars(trainer._data_connector._datahook_selector)
+    assert "_build_kwargs" in vars(trainer.fit_loop.epoch_loop)

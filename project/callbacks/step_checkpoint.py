@@ -12,7 +12,20 @@ class StepCheckpoint(ModelCheckpoint):
     checkpoint written in on_train_batch_end of an epoch's last batch makes Lightning 2.6 run that epoch's batches
     again (found by scripts/kill_resume.py: 24 steps instead of 18), which breaks the bit-identical resume. The
     epoch-end checkpoint follows a moment later anyway, so that one batch is skipped.
+
+    Without an epoch trigger (`every_n_epochs: 0`, as configs/default.yaml sets it: BestModelCheckpoint writes
+    the epoch-end `last`) its after-validation hook would only deep-copy the logged metrics and return, so it
+    returns at once; `state_key` (a repr built at each hook call, once per training step here) is computed once.
     """
+
+    @property
+    def state_key(self) -> str:
+        # The same string as ModelCheckpoint's (checkpoints key this callback's state by it); its arguments are
+        # fixed after __init__.
+        key = self.__dict__.get("_cached_state_key")
+        if key is None:
+            key = self.__dict__["_cached_state_key"] = super().state_key
+        return key
 
     def on_train_batch_end(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
@@ -20,3 +33,10 @@ class StepCheckpoint(ModelCheckpoint):
         if batch_idx + 1 >= trainer.num_training_batches:
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        # ModelCheckpoint saves here on an epoch trigger, or to finish a step/time save it deferred for a missing
+        # monitored metric; with neither it saves nothing.
+        if self._every_n_epochs < 1 and not self._defer_save_until_validation:
+            return
+        super().on_validation_end(trainer, pl_module)
