@@ -6,11 +6,12 @@ up to 512 training images for the normalisation statistics. With it:
 - Scan: os.scandir over root/{train,val,test}/<class>/ (recursively, in torchvision ImageFolder's order, so the
   samples, the splits carved from them and the runs are the same as with ImageFolder) gives each image file's
   size and mtime_ns from one stat call. Nothing is opened.
-- Manifest (`index.json`): per file (path relative to root), the size and mtime_ns it had when it was checked
-  and, for a file that is not a readable image, why (project/data/validate.py: unreadable_reason); and the
-  training split's channel mean/std under a key (a hash of the training files' paths, sizes and mtimes, plus
-  the caller's key: the image size). A file whose size and mtime match its entry is not opened again; new or
-  changed files are checked; deleted ones drop out. The statistics are recomputed only when the key changes.
+- Manifest (`index.json`): per split, the files' paths (relative to root), sizes and mtime_ns as they were
+  when checked; for each file that is not a readable image, why (project/data/validate.py:
+  unreadable_reason); the training split's channel mean/std with the caller's key (the image size). A split
+  whose three lists equal the scan's is taken whole (three list comparisons: no per-file work in Python);
+  otherwise a file whose size and mtime match its entry is not opened again, new or changed files are
+  checked, deleted ones drop out. The statistics are recomputed when the training lists or the key change.
   A file rewritten within the same mtime tick with the same size would not be re-checked (the rule make and
   rsync use; mtimes are in nanoseconds on ext4 and xfs).
 - Where: `<root>/.project-index/` when the data root is writable: the index stays with the data, and every
@@ -48,7 +49,7 @@ from project.errors import ConfigError
 SPLITS = ("train", "val", "test")
 LOCAL_DIR = ".project-index"
 MANIFEST = "index.json"
-VERSION = 1
+VERSION = 2
 
 Stats = Callable[[list[tuple[str, int]]], tuple[list[float], list[float]]]
 
@@ -123,8 +124,8 @@ def _writable(folder: Path) -> bool:
         return False
 
 
-def _scan(root: Path, classes: list[str]) -> dict[str, list[tuple[str, int, int, int]]]:
-    """split -> (path, label, size, mtime_ns) of every image file, in ImageFolder's order."""
+def _scan(root: Path, classes: list[str]) -> dict[str, tuple[list[str], list[int], list[int], list[int]]]:
+    """split -> (paths relative to root, sizes, mtimes_ns, labels) of its image files, in ImageFolder's order."""
     out = {}
     for split in SPLITS:
         top = root / split
@@ -137,88 +138,112 @@ def _scan(root: Path, classes: list[str]) -> dict[str, list[tuple[str, int, int,
                     f"'{top}' has classes {found}, but '{root / 'train'}' has {classes}. "
                     "Every split must have the same class folders."
                 )
-        entries, empty = [], []
+        rels, sizes, mtimes, labels, empty = [], [], [], [], []
         for label, name in enumerate(classes):
-            files = _files(os.path.join(str(top), name))
-            if not files:
+            n = _files(os.path.join(str(top), name), f"{split}/{name}", rels, sizes, mtimes)
+            if n == 0:
                 empty.append(name)
-            entries += [(path, label, size, mtime) for path, size, mtime in files]
+            labels += [label] * n
         if empty:
             raise ConfigError(
                 f"'{top}': Found no valid file for the classes {', '.join(empty)}. Supported extensions are: "
                 f"{', '.join(IMG_EXTENSIONS)}. Expected {LAYOUT}."
             )
-        out[split] = entries
+        out[split] = rels, sizes, mtimes, labels
     return out
 
 
-def _files(top: str) -> list[tuple[str, int, int]]:
-    """(path, size, mtime_ns) of the image files under top, recursively, sorted as ImageFolder sorts them:
-    by folder path, then by file name (it walks sorted(os.walk(top, followlinks=True)))."""
-    folders, pending = [], [top]
+def _files(top: str, top_rel: str, rels: list[str], sizes: list[int], mtimes: list[int]) -> int:
+    """Append (relative path, size, mtime_ns) of the image files under top, recursively, in ImageFolder's
+    order: by folder path, then by file name (it walks sorted(os.walk(top, followlinks=True))). Returns how many."""
+    folders, pending = [], [(top, top_rel)]
     while pending:
-        folder = pending.pop()
-        files = []
+        folder, rel = pending.pop()
         try:
-            entries = list(os.scandir(folder))
+            entries = sorted(os.scandir(folder), key=_name)
         except OSError:
             continue  # os.walk skips folders it cannot list, and so does ImageFolder
+        files = []
         for entry in entries:
             try:
                 is_dir = entry.is_dir()  # follows symlinks, as followlinks=True does
             except OSError:
                 is_dir = False
             if is_dir:
-                pending.append(entry.path)
+                pending.append((entry.path, f"{rel}/{entry.name}"))
             elif entry.name.lower().endswith(IMG_EXTENSIONS):
                 try:
                     st = entry.stat()
-                    files.append((entry.name, entry.path, st.st_size, st.st_mtime_ns))
+                    files.append((f"{rel}/{entry.name}", st.st_size, st.st_mtime_ns))
                 except OSError:  # a broken symlink: listed, and reported unreadable when checked
-                    files.append((entry.name, entry.path, -1, -1))
-        folders.append((folder, sorted(files)))
-    folders.sort(key=lambda f: f[0])
-    return [(path, size, mtime) for _, files in folders for _, path, size, mtime in files]
+                    files.append((f"{rel}/{entry.name}", -1, -1))
+        folders.append((folder, files))
+    folders.sort(key=_name_of_folder)
+    n = 0
+    for _, files in folders:
+        n += len(files)
+        for rel, size, mtime in files:
+            rels.append(rel)
+            sizes.append(size)
+            mtimes.append(mtime)
+    return n
 
 
-def _build(root, scan, old: dict, stats: Stats | None, stats_key: str, may_work: bool):
+def _name(entry: os.DirEntry) -> str:
+    return entry.name
+
+
+def _name_of_folder(folder: tuple) -> str:
+    return folder[0]
+
+
+def _build(root: Path, scan: dict, old: dict, stats: Stats | None, stats_key: str, may_work: bool):
     """(FolderIndex, manifest) from the scan and the old manifest; None when may_work is False and a file
-    would have to be checked or the statistics computed."""
-    known = old.get("files", {})
-    prefix = len(str(root)) + len(os.sep)
-    files, samples, unreadable, checked = {}, {}, {}, 0
-    for split, entries in scan.items():
-        bad = []
-        for path, _, size, mtime in entries:
-            rel = path[prefix:]
-            entry = known.get(rel)
-            if entry is not None and size >= 0 and entry[0] == size and entry[1] == mtime:
-                reason = entry[2]
-            elif not may_work:
-                return None
-            else:
-                reason, checked = unreadable_reason(path), checked + 1
-            files[rel] = [size, mtime, reason]
-            if reason is not None:
-                bad.append(f"{path} ({reason})")
-        samples[split] = [(path, label) for path, label, _, _ in entries]
-        unreadable[split] = bad
-    manifest = {"version": VERSION, "root": str(root.resolve()), "files": files, "stats": old.get("stats")}
+    would have to be checked or the statistics computed.
+
+    A split whose (paths, sizes, mtimes) lists equal the manifest's is taken whole, with one list comparison
+    each (the usual start: no per-file work in Python); otherwise files are matched one by one.
+    """
+    old_splits, old_bad = old.get("splits", {}), old.get("bad", {})
+    base = str(root).rstrip(os.sep) + os.sep
+    manifest = {"version": VERSION, "root": str(root.resolve()), "splits": {}, "bad": {}, "stats": None}
+    samples, unreadable, same, checked = {}, {}, {}, 0
+    for split, (rels, sizes, mtimes, labels) in scan.items():
+        prev = old_splits.get(split) or {}
+        same[split] = (
+            prev.get("paths") == rels and prev.get("sizes") == sizes and prev.get("mtimes") == mtimes
+        )
+        if same[split]:
+            bad = {rel: why for rel, why in old_bad.items() if rel.startswith(f"{split}/")}
+        elif not may_work:
+            return None
+        else:
+            known = dict(zip(prev.get("paths", []), zip(prev.get("sizes", []), prev.get("mtimes", []))))
+            bad = {}
+            for rel, size, mtime in zip(rels, sizes, mtimes):
+                if known.get(rel) == (size, mtime):
+                    why = old_bad.get(rel)
+                else:
+                    why, checked = unreadable_reason(base + rel), checked + 1
+                if why is not None:
+                    bad[rel] = why
+        manifest["splits"][split] = {"paths": rels, "sizes": sizes, "mtimes": mtimes}
+        manifest["bad"].update(bad)
+        samples[split] = list(zip([base + rel for rel in rels], labels))
+        unreadable[split] = [f"{base}{rel} ({why})" for rel, why in bad.items()]
     index = FolderIndex(root, samples, unreadable, checked=checked)
+    cached = old.get("stats") or {}
+    if same["train"] and cached.get("key") == stats_key:
+        manifest["stats"] = cached  # still the statistics of these training files
     if stats is not None and not unreadable["train"]:
-        digest = hashlib.sha256(stats_key.encode())
-        for path, _, size, mtime in scan["train"]:
-            digest.update(f"\n{path[prefix:]}\t{size}\t{mtime}".encode())
-        key = digest.hexdigest()
-        cached = old.get("stats") or {}
-        if cached.get("key") == key:
+        if manifest["stats"] is not None:
             index.mean, index.std = cached["mean"], cached["std"]
         elif not may_work:
             return None
         else:
             index.mean, index.std = stats(samples["train"])
             index.stats_computed = True
-            manifest["stats"] = {"key": key, "mean": index.mean, "std": index.std}
+            manifest["stats"] = {"key": stats_key, "mean": index.mean, "std": index.std}
     return index, manifest
 
 
