@@ -27,6 +27,7 @@ import importlib
 import json
 import os
 import re
+import runpy
 import shlex
 import shutil
 import signal
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
@@ -52,6 +54,9 @@ CAPS = {"doctor": 60, "fit": 120, "nondeterministic": 100, "ddp": 90, "bench": 2
 class Check:
     def __init__(self, out: Path, dry_run: bool, budget_s: float, jobs: int = 1) -> None:
         self.jobs = jobs
+        # The dry-run on a CPU machine forks its Python stages from this process once it has imported torch and
+        # lightning (see fork_ready); None: every stage is a new interpreter, as on the GPU machine.
+        self.forks: threading.Lock | None = None
         self.out, self.dry_run, self.budget_s = out, dry_run, budget_s
         self.started = time.perf_counter()
         self.stages: list[dict] = []
@@ -96,7 +101,10 @@ class Check:
         with out_path.open("w") as out, err_path.open("w") as err:
             out.write(f"$ {shlex.join(argv)}\n")
             out.flush()
-            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)
+            if self.forks is not None and argv[0] == sys.executable and name != "doctor":
+                proc = _Forked(argv, env, out, err, self.forks)
+            else:
+                proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
@@ -132,6 +140,62 @@ class Check:
             f"trainer:\n  callbacks+:\n    - class_path: gpu_check_probes.Probe\n      init_args: {init}\n"
         )
         return str(path)
+
+
+class _Forked:
+    """A stage's `python -m ...` or `python script.py ...` as a fork of this process in a session of its own (the
+    dry-run's stand-in for a new interpreter): run() waits for it, kills its group and reads its logs as it does a
+    subprocess's. It skips the 10-16 CPU s a new interpreter spends importing torch and lightning again; the code a
+    stage runs is the same."""
+
+    def __init__(self, argv: list[str], env: dict, out, err, lock: threading.Lock) -> None:
+        with lock:  # one fork at a time, from a thread that holds no lock a child could need
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self.pid = os.fork()
+        self.returncode = None
+        if self.pid:
+            return
+        code = 1  # the child never returns into the check, whatever happens
+        try:
+            os.setsid()
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the child's whole life)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            os.environ.clear()
+            os.environ.update(env)
+            if argv[1] == "-m":
+                sys.argv = [argv[2], *argv[3:]]
+                runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = argv[1:]
+                runpy.run_path(argv[1], run_name="__main__")
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except BaseException:  # noqa: BLE001 (on the stage's stderr, as a new interpreter would print it)
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001, S110
+                    pass
+            os._exit(code)
+
+
+def fork_ready(check: Check) -> None:
+    """The dry-run on a machine without CUDA: import what every stage imports (torch, lightning, the project's
+    CLI) once here, so that the stages can be forks of this process. Not on the GPU machine (CUDA must not be
+    initialised before a fork), and not where torch runs more than one intra-op thread (OpenMP's pool does not
+    survive a fork). The doctor stays a new interpreter, as every stage is on the GPU machine."""
+    import torch
+
+    if not check.dry_run or torch.cuda.is_available() or torch.get_num_threads() != 1:
+        return
+    importlib.import_module("project.cli")
+    check.forks = threading.Lock()
 
 
 def _version(v: str) -> tuple[int, ...]:
@@ -409,6 +473,7 @@ def main() -> None:
     shutil.rmtree(out / "stage_runs", ignore_errors=True)
     check = Check(out, args.dry_run, args.budget_s, args.jobs)
     if environment(check):
+        fork_ready(check)
         # One stage at a time by default (the bench's timing and the peak memory are the GPU's alone); the dry-run
         # runs two at a time (each stage is mostly a process importing torch and lightning: one core each).
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:

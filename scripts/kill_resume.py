@@ -1,7 +1,7 @@
 """Kill -9 a training run at chosen points, resume it each time from `last`, compare with an uninterrupted run.
 
     python scripts/kill_resume.py --kills 20            # the stronger check quoted in the README
-    python scripts/kill_resume.py --kills 5 --seed 1    # what tests/test_resume_kill.py runs
+    python scripts/kill_resume.py --kills 3 --seed 1    # what tests/test_resume_kill.py runs
 
 The run is `python -m project fit` as a subprocess with a mid-epoch `last` checkpoint every optimizer step.
 The kills cycle through three kinds of moment, in an order and at steps drawn from --seed (so a seed always
@@ -20,6 +20,7 @@ uninterrupted run, summary.json accuracies match, and every kill landed where it
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -106,10 +107,91 @@ def command(run_dir: Path, resume: bool) -> list[str]:
     return cmd + ["--run_dir", str(run_dir)] + (["--ckpt_path", "last"] if resume else [])
 
 
-def run_to_end(cmd: list[str], cwd: Path, timeout: float) -> None:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env())
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+def run_to_end(cmd: list[str], cwd: Path, timeout: float, fork: bool = False) -> None:
+    if not fork:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env())
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        return
+    log = cwd / "last_attempt.log"
+    proc = Forked(cmd, cwd, _env(), log)
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if code != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {code}:\n{log.read_text()[-3000:]}")
+
+
+class Forked:
+    """`python -m project ...` (cmd) as a fork of this process instead of a new interpreter: the same run in a
+    process of its own (a SIGKILL ends it and everything it held in memory, as for any process), without the
+    10-16 CPU s a new interpreter spends importing torch and lightning again. What the kill tests need of a
+    subprocess.Popen: pid, poll, wait, send_signal, kill, returncode. stdout and stderr go to `log`.
+
+    For a caller that has imported torch already and runs one intra-op thread (OpenMP's pool does not survive a
+    fork): tests/test_resume_kill.py. The command line script (main) starts new interpreters.
+    """
+
+    def __init__(self, cmd: list[str], cwd: Path, env: dict, log: Path) -> None:
+        assert cmd[1:3] == ["-m", "project"], cmd
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid:
+            return
+        code = 1  # the child never returns into its parent's code, whatever happens
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the child's whole life)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
+                signal.signal(sig, signal.SIG_DFL)  # the parent's (pytest's) handlers are not the CLI's
+            from project.__main__ import main as project_main
+
+            project_main([str(a) for a in cmd[3:]])
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except BaseException:  # noqa: BLE001 (reported on the child's stderr, like a traceback)
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def _env() -> dict:
@@ -156,9 +238,9 @@ def _stopped(pid: int) -> bool:
         return True  # no /proc (not Linux): SIGSTOP has been sent; give it the moment below
 
 
-def kill_once(cmd: list[str], cwd: Path, run: Path, target: dict, timeout: float) -> dict:
-    """Start the run, SIGKILL it at `target` (see aim); returns where it landed ({"landed": "finished"} if the
-    run ended first)."""
+def kill_once(cmd: list[str], cwd: Path, run: Path, target: dict, timeout: float, fork: bool = False) -> dict:
+    """Start the run (fork: as a Forked copy of this process), SIGKILL it at `target` (see aim); returns where it
+    landed ({"landed": "finished"} if the run ended first)."""
     marker = cwd / MARKER
     marker.unlink(missing_ok=True)
     if target["mode"] != "write":
@@ -169,7 +251,10 @@ def kill_once(cmd: list[str], cwd: Path, run: Path, target: dict, timeout: float
         cmd = cmd + ["--trainer.callbacks+=" + json.dumps(probe)]
     start = time.time()
     log = open(cwd / "last_attempt.log", "w+")  # a file, not a pipe: a full pipe would block the child
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=_env())
+    if fork:
+        proc = Forked(cmd, cwd, _env(), cwd / "last_attempt.log")
+    else:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=_env())
     stale = set((run / "checkpoints").glob(".*.tmp"))  # left by an earlier kill: not a write in progress
     writes_seen: set = set()
     armed: set = set()  # temporary files of the aimed write (and later ones, once it is missed)
@@ -249,10 +334,15 @@ def compare(ref: Path, run: Path) -> list[str]:
 
 
 def kill_resume(
-    workdir: Path, kills: int, seed: int = 0, timeout: float = 120.0, reference: Path | None = None
+    workdir: Path,
+    kills: int,
+    seed: int = 0,
+    timeout: float = 120.0,
+    reference: Path | None = None,
+    fork: bool = False,
 ) -> dict:
     """Returns {"kills": [{"aimed": ..., "landed": ..., "resumes_from": ...}, ...], "problems": [...]};
-    reference: an already finished uninterrupted run."""
+    reference: an already finished uninterrupted run; fork: every run a Forked copy of this process."""
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     modes: list[str] = []
@@ -260,22 +350,22 @@ def kill_resume(
         modes += rng.sample(MODES, len(MODES))
     if reference is None:
         reference = workdir / "reference"
-        run_to_end(command(reference, resume=False), workdir, timeout)
+        run_to_end(command(reference, resume=False), workdir, timeout, fork)
     run = workdir / "killed"
     done: list[dict] = []
     problems: list[str] = []
     for mode in modes[:kills]:
         target = aim(mode, progress(run)["global_step"], rng)
         if target is None:  # no such point left in this run: finish it, check it, kill a new one
-            run_to_end(command(run, resume=True), workdir, timeout)
+            run_to_end(command(run, resume=True), workdir, timeout, fork)
             problems += compare(reference, run)
             shutil.rmtree(run)
             target = aim(mode, 0, rng)
-        landed = kill_once(command(run, resume=True), workdir, run, target, timeout)
+        landed = kill_once(command(run, resume=True), workdir, run, target, timeout, fork)
         done.append({"aimed": target, **landed, "resumes_from": progress(run)})
         if landed["landed"] != mode:
             problems.append(f"kill {len(done)} aimed at {target} landed: {landed}")
-    run_to_end(command(run, resume=True), workdir, timeout)
+    run_to_end(command(run, resume=True), workdir, timeout, fork)
     return {"kills": done, "problems": problems + compare(reference, run)}
 
 

@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from project.__main__ import main
+# One intra-op thread for this process and every process a test starts, unless the caller set one: the suite runs
+# two workers on as few as 2 cores, each training in-process and starting processes of its own, and a second
+# thread per process mostly spins (the session's `make train`: 29 CPU s with 2 threads, 15 with 1, AMD EPYC,
+# 2026-12-01). Set before torch is imported. The tests of the DDP thread split remove it for their processes,
+# as a user's shell has none.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from project.__main__ import main  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
@@ -339,10 +346,38 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
     (`finished_run.launch.stdout`). Do not write into it, other tests read it after yours: a tool that writes
     next to a run (predict, export, `python -m project test`) runs on `finished_run.copy_to(user_checkout(tmp))`.
     """
-    checkout = user_checkout(tmp_path_factory.mktemp("finished-run"))
-    # One intra-op thread: it often runs next to other launches (tests/test_readme.py starts several at once), and
-    # 2 threads per process on 2 busy cores took this run 29 CPU s instead of 15 (AMD EPYC, 2026-12-01).
-    result = launch(make_argv(FINISHED_RUN_COMMAND), checkout, env={"OMP_NUM_THREADS": "1"})
+    # Once per `make test`, not once per pytest-xdist worker: the first worker that needs it runs it under a file
+    # lock in the directory the workers share, and leaves the launch's record there for the others (~15 CPU s
+    # saved when the files that read it land on both workers).
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+    with _locked(shared / "finished-run.lock") if shared else contextlib.nullcontext():
+        record = shared / "finished-run.json" if shared else None
+        if record is not None and record.is_file():
+            done = json.loads(record.read_text())
+            result = Launch(**{**done, "cwd": Path(done["cwd"])})
+            checkout = result.cwd
+        else:
+            checkout = user_checkout(tmp_path_factory.mktemp("finished-run"))
+            # One intra-op thread: it often runs next to other launches (tests/test_readme.py starts several at
+            # once), and 2 threads per process on 2 busy cores took this run 29 CPU s instead of 15 (AMD EPYC,
+            # 2026-12-01).
+            result = launch(make_argv(FINISHED_RUN_COMMAND), checkout, env={"OMP_NUM_THREADS": "1"})
+            if record is not None:
+                fields = {k: getattr(result, k) for k in Launch.__dataclass_fields__}
+                tmp = record.with_suffix(".tmp")
+                tmp.write_text(json.dumps({**fields, "cwd": str(result.cwd)}))
+                tmp.replace(record)
     runs = result.runs()
     assert result.returncode == 0 and len(runs) == 1, f"the session's `make train` failed:\n{result}"
     return FinishedRun(checkout, runs[0], result)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on `path` (created) between the processes of this session."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
