@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import lightning as L
 import torch
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import Trainer
@@ -20,7 +21,6 @@ from project import run_dir
 from project.callbacks.log_config import LogConfig
 from project.checkpoint import check_checkpoint, read_checkpoint
 from project.console import drop_inapplicable_messages
-from project.data import ImageClassificationDataModule
 from project.distributed import describe_world, env_rank, quiet_non_zero_ranks, share_cpu_threads
 from project.errors import ConfigError, exit_on_user_error
 from project.module import ClassificationModule
@@ -237,7 +237,9 @@ def build_cli(
     subcommands = requested_subcommands(sys.argv[1:] if args is None else args) if run else SUBCOMMANDS
     return cli_class(
         ClassificationModule,
-        ImageClassificationDataModule,
+        # Any LightningDataModule by class_path (configs/default.yaml names ImageClassificationDataModule; README
+        # "Any Dataset": project.data.DatasetDataModule).
+        L.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_callback=LogConfig,  # config.yaml without secrets, config + sizes logged as hparams

@@ -80,6 +80,9 @@ def check_data(data: dict) -> tuple[str, str | None]:
     from project.errors import ConfigError
 
     args = data.get("init_args", {}) or {}
+    class_path = str(data.get("class_path") or "ImageClassificationDataModule")
+    if not class_path.endswith("ImageClassificationDataModule"):
+        return _check_class_paths(class_path, args)
     source, root = args.get("source", "digits"), args.get("root")
     if source == "digits":
         return "digits: embedded (project/data/digits.csv.gz), no files needed", None
@@ -110,6 +113,36 @@ def check_data(data: dict) -> tuple[str, str | None]:
         f"{source} files are not under '{folder}'. fix: copy them there, or add --data.init_args.download true "
         "on a machine with network access."
     )
+
+
+def _check_class_paths(class_path: str, args: dict) -> tuple[str, str | None]:
+    """Another data module (a DatasetDataModule, ...): its class and the classes and functions it names (datasets,
+    collate_fn) are imported, not built; what they read is checked when training starts."""
+    import importlib
+
+    named = {"data": class_path}
+    for key, value in args.items():
+        if isinstance(value, dict) and value.get("class_path"):
+            named[key] = str(value["class_path"])
+        elif (
+            key == "collate_fn" and value is not None
+        ):  # the parser imported it already (a bad path fails there)
+            named[key] = value if isinstance(value, str) else f"{value.__module__}.{value.__qualname__}"
+    failed = []
+    for key, path in named.items():
+        module, _, name = path.rpartition(".")
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as err:
+            failed.append(f"{key}: {path} ({type(err).__name__}: {err})")
+    text = ", ".join(f"{k} {v}" for k, v in named.items() if k != "data")
+    description = f"{class_path}" + (f" ({text})" if text else "") + ": imported, built when training starts"
+    if failed:
+        return description, (
+            f"cannot import {'; '.join(failed)}. fix: correct the class path in the config, or make its module "
+            "importable (run from the folder that holds it, or install it)."
+        )
+    return description, None
 
 
 def _logger_classes(logger) -> list[str]:
@@ -165,12 +198,17 @@ def doctor(args: list[str]) -> int:
         dist.is_available() and dist.is_gloo_available(),
     )
     say(f"distributed   NCCL {nccl}, gloo {gloo}")
-    source = (data.get("init_args") or {}).get("source", "digits")
+    image_module = str(data.get("class_path") or "ImageClassificationDataModule").endswith(
+        "ImageClassificationDataModule"
+    )
+    source = (data.get("init_args") or {}).get("source", "digits") if image_module else data["class_path"]
     configured = (data.get("init_args") or {}).get("num_workers")
     devices = str(trainer.get("devices", "auto"))
     procs = int(devices) if devices.isdigit() else (torch.cuda.device_count() if available else 1)
-    # Only ImageFolder decodes files per sample; every other source is a tensor in memory (0 workers).
-    workers = configured if configured is not None else default_num_workers(source == "imagefolder", procs)
+    # Only ImageFolder decodes files per sample; every other source is a tensor in memory (0 workers). Another data
+    # module's Dataset may read files: it gets the count for that (project/data/dataset_module.py).
+    reads_files = source == "imagefolder" or not image_module
+    workers = configured if configured is not None else default_num_workers(reads_files, procs)
     say(f"CPUs          {usable_cpus()} usable; data loader workers per process: {workers}")
     run_dir = Path((config or {}).get("run_dir") or "runs")
     writable = _writable(run_dir)
@@ -230,6 +268,8 @@ def doctor(args: list[str]) -> int:
         )
     if data_problem:
         blocking.append(data_problem)
+    elif config is not None and not image_module:
+        say(f"ok: data module {source} and the classes it names import.")
     elif config is not None:
         say(f"ok: data ({source}) is present.")
     for text in notes:

@@ -69,6 +69,8 @@ class Preprocessing:
 def preprocessing_of(checkpoint: dict, path: str | os.PathLike = "checkpoint") -> Preprocessing:
     # The data module's state_dict is stored under its class name; find it by content, not by name.
     state = next((v for v in checkpoint.values() if isinstance(v, dict) and "class_names" in v), None)
+    if state is not None and state.get("dataset") and state.get("mean") is None:
+        raise ConfigError(not_image_checkpoint(path, state["dataset"]))
     if state is None or state.get("mean") is None:
         raise ConfigError(
             f"'{path}' holds no class names and normalisation (the data module's state). "
@@ -76,6 +78,19 @@ def preprocessing_of(checkpoint: dict, path: str | os.PathLike = "checkpoint") -
         )
     c, h, w = state["input_shape"]
     return Preprocessing(list(state["class_names"]), list(state["mean"]), list(state["std"]), (c, h, w))
+
+
+def not_image_checkpoint(path: str | os.PathLike, dataset: str) -> str:
+    """The error of predict and export for a checkpoint trained on a DatasetDataModule (README "Any Dataset")."""
+    return (
+        f"'{path}' was trained on {dataset} (a DatasetDataModule), not on images: `predict` and `export` take "
+        "checkpoints of image classifiers only, as they turn image files into the model's input and know nothing of "
+        "your dataset or its collate_fn. To evaluate it on its test split: python -m project test --config <the "
+        f"config you trained with, e.g. configs/sequence.yaml> --ckpt_path {path}. To run it on your own inputs, "
+        f"load it in Python: module = project.inference.build_model(project.checkpoint.read_checkpoint(p), p) "
+        "with p the checkpoint path, then module(inputs) with inputs as your collate_fn makes them (README "
+        "\"Any Dataset\")."
+    )
 
 
 def _module_hparams(checkpoint: dict, path: str | os.PathLike) -> dict:

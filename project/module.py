@@ -21,6 +21,10 @@ from torchmetrics.classification import MulticlassAccuracy
 from project.errors import ConfigError
 from project.schedule import WarmupCosine
 
+# A batch's inputs, as the data module's collate_fn makes them: an image batch (B, C, H, W), or for other data a
+# tensor, a tuple/list of model arguments or a dict of keyword arguments (project/data/dataset_module.py).
+Inputs = Tensor | tuple | list | dict
+
 
 class ClassificationModule(L.LightningModule):
     """Trains `model` to classify images.
@@ -32,10 +36,12 @@ class ClassificationModule(L.LightningModule):
 
     Args:
         model: any `nn.Module` mapping a (B, C, H, W) float batch to (B, num_classes) logits. Return raw
-            logits: CrossEntropy applies log-softmax itself.
+            logits: CrossEntropy applies log-softmax itself. Batches are (inputs, labels); inputs that are not
+            one tensor (a DatasetDataModule's collate_fn may make them) are passed as model(*inputs) for a tuple
+            or list and model(**inputs) for a dict.
         num_classes: number of classes; linked from the data module by the CLI.
         input_shape: (C, H, W) of one input; linked from the data module and used to check the model's
-            output size before training starts.
+            output size before training starts. None (data that is not images) skips the check.
         optimizer: any torch optimizer, called with the parameter groups (LightningCLI's `OptimizerCallable`:
             `class_path` + `init_args` in the config). Its `lr` is the peak learning rate and its `weight_decay`
             applies to the `decay` group only. Adam and AdamW with `fused` unset use torch's fused kernel when
@@ -51,7 +57,8 @@ class ClassificationModule(L.LightningModule):
             and load into an uncompiled model (no `_orig_mod.` prefix, as `torch.compile(model)` would add).
             `make bench` reports its compile time and steady-state speed.
         channels_last: keep weights and image batches in NHWC memory format (faster convolutions on GPUs
-            with tensor cores; `make bench` shows its effect).
+            with tensor cores; `make bench` shows its effect). Only 4-D weights and 4-D input tensors change:
+            other inputs and layers (a GRU's, a linear head's) are left as they are.
 
     Labels: torchmetrics checks every batch's inputs (`validate_args`) unless the Trainer's data module has a
     true `labels_checked` attribute, its promise that every label was checked to be in [0, num_classes) before
@@ -105,8 +112,13 @@ class ClassificationModule(L.LightningModule):
         self.val_acc_best = MaxMetric()
         self._model_compiled = False
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.model(x)
+    def forward(self, x: Inputs) -> Tensor:
+        """The model on a batch's inputs: model(x) for a tensor, model(*x) for a tuple or list, model(**x) for a dict."""
+        if isinstance(x, Tensor):
+            return self.model(x)
+        if isinstance(x, dict):
+            return self.model(**x)
+        return self.model(*x)
 
     def setup(self, stage: str) -> None:
         # Before the strategy moves the model and wraps it in DDP, which sets up its gradient buckets for the
@@ -123,16 +135,16 @@ class ClassificationModule(L.LightningModule):
             if isinstance(metric, MulticlassAccuracy):
                 metric.validate_args = not labels_checked  # see "Labels" in the class docstring
 
-    def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    def _shared_step(self, batch: tuple[Inputs, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         x, y = batch
-        if self.hparams.get("channels_last"):
+        if self.hparams.get("channels_last") and isinstance(x, Tensor) and x.ndim == 4:  # image batches only
             x = x.contiguous(memory_format=torch.channels_last)
         logits = self(x)
         # Metrics and loss in float32 even under AMP: half-precision logits round argmax ties and sums.
         logits = logits.float()
         return self.loss_fn(logits, y), logits, y
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
         loss, logits, y = self._shared_step(batch)
         self.train_loss.update(loss.detach())
         self.train_acc.update(logits.detach(), y)
@@ -142,7 +154,7 @@ class ClassificationModule(L.LightningModule):
         # Logged once per epoch: a per-step self.log costs a host sync each step (see `make bench`).
         self._log_metrics({"train/loss": "train_loss", "train/acc": "train_acc"}, prog_bar=True)
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
     def on_validation_epoch_end(self) -> None:
@@ -157,11 +169,11 @@ class ClassificationModule(L.LightningModule):
             # Same value on every rank (from synced val/acc); sync_dist only silences the DDP warning.
             self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def test_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
         """Update the test metrics; return the float32 logits (batch, num_classes) for callbacks (RunReport)."""
         return self._evaluate(batch, "test")
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+    def _evaluate(self, batch: tuple[Inputs, Tensor], stage: str) -> Tensor:
         """Update `<stage>_loss`, `<stage>_acc` (and `<stage>_acc5`) with one batch; return its float32 logits."""
         loss, logits, y = self._shared_step(batch)
         getattr(self, f"{stage}_loss").update(loss, weight=y.numel())

@@ -16,7 +16,8 @@ class PitfallGuards(Callback):
     """Looks at the first training step for bugs that train without an error but train badly or not at all.
 
     - layers kept in a plain Python list/dict attribute (their parameters are never registered or trained);
-    - float64 inputs, and input tensors on another device than the module that receives them;
+    - float64 inputs, and input tensors on another device than the module that receives them (positional and
+      keyword inputs, and tensors nested in dicts, tuples and lists: a DatasetDataModule's batches);
     - outputs that already look like probabilities (a softmax before CrossEntropyLoss, which applies its own);
     - parameters with no gradient after the first backward (an unused branch or layer);
     - parameters unchanged by the first optimizer step although they have a gradient (not in the optimizer).
@@ -60,15 +61,13 @@ class PitfallGuards(Callback):
         self._handles = []
         for name, module in pl_module.named_modules():
             name = name or type(module).__name__
-            self._handles.append(module.register_forward_pre_hook(self._input_check(name)))
+            self._handles.append(module.register_forward_pre_hook(self._input_check(name), with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._output_check(name)))
 
     def _input_check(self, name: str):
-        def hook(module: nn.Module, args: tuple) -> None:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             param = next(module.parameters(recurse=False), None)
-            for i, x in enumerate(args):
-                if not isinstance(x, Tensor):
-                    continue
+            for i, x in _tensors({**dict(enumerate(args)), **kwargs}):
                 if x.dtype == torch.float64 and "float64" not in self._input_findings:
                     self._input_findings.add("float64")
                     _warn(
@@ -151,6 +150,18 @@ class PitfallGuards(Callback):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def _tensors(inputs, prefix: str = ""):
+    """(name, tensor) for every tensor in nested dicts, tuples and lists: positional inputs are named by index
+    (`0`), keyword inputs by name (`lengths`), nested ones by their path (`0.x`)."""
+    items = inputs.items() if isinstance(inputs, dict) else enumerate(inputs)
+    for key, value in items:
+        path = f"{prefix}{key}"
+        if isinstance(value, Tensor):
+            yield path, value
+        elif isinstance(value, (dict, list, tuple)):
+            yield from _tensors(value, f"{path}.")
 
 
 def _warn(message: str) -> None:

@@ -2,7 +2,9 @@
 
 Panels: train/val loss and accuracy per epoch, the learning rate of every parameter group per step (labelled with
 the groups' `name`, as LearningRateMonitor tags them; groups whose rates are equal at every step share one line),
-the test confusion matrix with class names, and the most confidently wrong test images. matplotlib is imported
+the test confusion matrix with class names, and the most confidently wrong test images (when the test inputs are
+image batches (B, C, H, W); for other data, such as a DatasetDataModule's sequences, that panel says it is not
+drawn and the rest stays). matplotlib is imported
 here only, when a report is drawn, so that runs without this callback never pay for it.
 
 The confusion matrix is torchmetrics' own `MulticlassConfusionMatrix.plot(ax=..., labels=...)`. Up to 15 classes
@@ -72,6 +74,7 @@ class RunReport(Callback):
         self.confusion: MulticlassConfusionMatrix | None = None
         self.matrix: Tensor | None = None  # the computed (num_classes, num_classes) test confusion matrix
         self.wrong: list[tuple[float, Tensor, int, int]] = []  # (confidence, image, predicted, true)
+        self.images = True  # the test inputs are image batches (B, C, H, W): the wrong ones can be drawn
 
     def on_test_start(self, trainer, pl_module) -> None:
         self._reset_test()
@@ -87,6 +90,9 @@ class RunReport(Callback):
                 outputs = pl_module(x)
         conf, pred = outputs.detach().float().softmax(dim=-1).max(dim=-1)
         self.confusion.update(pred, y)
+        self.images = self.images and isinstance(x, Tensor) and x.ndim == 4
+        if not self.images:  # sequences, several inputs, ...: the confusion matrix only
+            return
         conf, pred, y = conf.cpu(), pred.cpu(), y.cpu()  # the wrong examples kept here are this rank's only
         for i in torch.nonzero(pred != y).flatten().tolist():
             self.wrong.append((float(conf[i]), x[i].detach().float().cpu(), int(pred[i]), int(y[i])))
@@ -124,7 +130,8 @@ class RunReport(Callback):
         history = self.state_dict()  # what this process saw wins over the restored part
         lrs = [history["lrs"][step] for step in sorted(history["lrs"])]
         names = getattr(trainer.datamodule, "class_names", None)
-        image = render(history["epochs"], lrs, self.matrix, self.wrong, names, self.dpi, history["lr_names"])
+        wrong = self.wrong if self.images else None
+        image = render(history["epochs"], lrs, self.matrix, wrong, names, self.dpi, history["lr_names"])
         run_dir.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
@@ -148,7 +155,8 @@ def group_names(param_groups: list[dict]) -> list[str]:
 
 
 def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None):
-    """The report as an (H, W, 3) uint8 array; confusion is a (num_classes, num_classes) tensor or None."""
+    """The report as an (H, W, 3) uint8 array; confusion is a (num_classes, num_classes) tensor or None; wrong is
+    None when the test inputs were not images (the panel says so)."""
     import numpy as np
 
     fig = report_figure(epochs, lrs, confusion, wrong, class_names, dpi, lr_names)
@@ -259,6 +267,9 @@ def _wrong_grid(subfig, wrong, class_names) -> None:
     """One axes per image, its caption the axes' title: constrained layout then keeps every caption clear of
     every image, whatever the image size, the number of images or the length of the class names, and the
     images fill the panel (an 8x8 image is drawn as large as a 224x224 one)."""
+    if wrong is None:
+        subfig.suptitle("wrong test examples: not drawn (the inputs are not images)")
+        return
     subfig.suptitle(
         "most confidently wrong test images: predicted / true (confidence)"
         if wrong

@@ -1,0 +1,47 @@
+"""SequenceClassifier: a GRU over a padded batch of variable-length sequences, classified from each one's last step."""
+
+from torch import Tensor, nn
+
+
+class SequenceClassifier(nn.Module):
+    """Each step through a small per-step layer, then a GRU; a linear head maps the GRU's state at each sequence's
+    last real step to logits.
+
+    Padding needs no mask: the GRU runs forward in time, so its state at step `lengths - 1` has seen that
+    sequence's own steps only, whatever padding follows. Gathering that step (instead of packing the batch with
+    `pack_padded_sequence`, which needs the lengths on the CPU) keeps the step free of host synchronisation on a GPU.
+
+    Args:
+        num_classes: size of the output layer; linked from the data module by the CLI.
+        in_channels: features per step; linked from the data module (the dataset's `in_channels`) by the CLI.
+        embed: width of the per-step Linear + ReLU before the GRU (0: the raw features go to the GRU). On the digit
+            pixel sequences (3 features a step) it took the test accuracy from 0.82 to 0.97 (README "Any Dataset").
+        hidden: GRU state size.
+        num_layers: stacked GRU layers.
+        dropout: dropout before the linear head (and between GRU layers when there are several).
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int = 3,
+        embed: int = 64,
+        hidden: int = 64,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Sequential(nn.Linear(in_channels, embed), nn.ReLU()) if embed else nn.Identity()
+        self.gru = nn.GRU(
+            embed or in_channels,
+            hidden,
+            num_layers,
+            batch_first=True,
+            dropout=dropout if num_layers > 1 else 0.0,
+        )
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden, num_classes))
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:  # (B, T, in_channels), (B,) -> (B, num_classes)
+        out, _ = self.gru(self.embed(x))  # (B, T, hidden)
+        last = (lengths.to(out.device) - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, out.shape[-1])
+        return self.head(out.gather(1, last).squeeze(1))
