@@ -9,11 +9,13 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.data import digits, folder_index, image_folder, torchvision_datasets
+from project.data.decode import load_image
 from project.data.image_files import ImageFiles
 from project.data.in_memory import InMemoryLoader
+from project.data.normalize import Normalize
 from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import ImageTensorDataset, stratified_split
-from project.data.transforms import build_transform, channel_stats
+from project.data.transforms import build_transform, channel_stats, image_folder_transform
 from project.data.validate import check_batch_size, check_labels, check_split_sizes, fail_unreadable
 from project.data.workers import default_num_workers
 from project.errors import ConfigError
@@ -102,6 +104,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         # split -> (images, labels), in-memory path
         self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.policy = "none"
+        self._normalize: Normalize | None = None  # ImageFolder's per-batch normalisation, built at first use
 
     @property
     def num_classes(self) -> int:
@@ -181,30 +184,31 @@ class ImageClassificationDataModule(L.LightningDataModule):
 
     def _setup_image_folder(self) -> None:
         hp, size = self.hparams, self.input_shape[1:]
-        stats_tf = build_transform("none", [0.0] * 3, [1.0] * 3, False, False, size)
+        # the evaluation transform, unnormalised: pixels in [0, 1] as training and evaluation see them
+        stats_tf = image_folder_transform(train=False, augment=False, size=size)
         # Indexed and checked once, on one process; later starts re-check only new or changed files, and the
         # statistics are recomputed only when the training files changed (project/data/folder_index.py).
         index = folder_index.index_folder(
             hp.root,
             self.class_names,
-            stats=lambda samples: _folder_stats(ImageFiles(samples, stats_tf)),
+            stats=lambda samples: _folder_stats(ImageFiles(samples, stats_tf, load_image)),
             stats_key=f"folder_stats v1 size={size[0]}x{size[1]} limit={STATS_LIMIT}",
         )
         for name, samples in index.samples.items():  # unreadable files fail before training, train first
             fail_unreadable(index.unreadable[name], len(samples), os.path.join(hp.root, name))
         self.mean, self.std = index.mean, index.std
+        # Pixels, not normalised: on_after_batch_transfer normalises whole batches on the device.
         train_tf, eval_tf = (
-            build_transform("natural", self.mean, self.std, train=t, augment=hp.augment, size=size)
-            for t in (True, False)
+            image_folder_transform(train=t, augment=hp.augment, size=size) for t in (True, False)
         )
-        train_aug = ImageFiles(index.samples["train"], train_tf)
-        train_eval = ImageFiles(index.samples["train"], eval_tf)
+        train_aug = ImageFiles(index.samples["train"], train_tf, load_image)
+        train_eval = ImageFiles(index.samples["train"], eval_tf, load_image)
         labels = train_aug.targets
         kept = list(range(len(labels)))
         held_out = {}
         for name, fraction in (("test", hp.test_fraction), ("val", hp.val_fraction)):  # test first, as before
             if name in index.samples:
-                held_out[name] = ImageFiles(index.samples[name], eval_tf)
+                held_out[name] = ImageFiles(index.samples[name], eval_tf, load_image)
             else:  # no <root>/<name>: carved from train, stratified
                 kept, held = _carve(labels, kept, fraction, hp.split_seed, name)
                 held_out[name] = Subset(train_eval, held)
@@ -296,6 +300,17 @@ class ImageClassificationDataModule(L.LightningDataModule):
         ):
             return batch
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        # ImageFolder batches arrive as pixels (uint8 crops, or float in [0, 1] after an evaluation resize) and
+        # are normalised here, once per batch, on the training device (project/data/normalize.py: the function
+        # predict and export use too). The other sources' loaders normalise already.
+        if self.hparams.source == "imagefolder" and self.mean is not None:
+            if self._normalize is None:
+                self._normalize = Normalize(self.mean, self.std)
+            x, y = batch
+            return self._normalize(x), y
+        return batch
 
     def train_dataloader(self) -> DataLoader | InMemoryLoader:
         if self.use_in_memory():

@@ -32,7 +32,9 @@ def decode_image_file(path: str | Path) -> Tensor:
 
     try:
         x = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
-    except RuntimeError:  # a format torchvision's decoders do not handle: PIL reads every format ImageFolder lists
+    except (
+        RuntimeError
+    ):  # a format torchvision's decoders do not handle: PIL reads every format ImageFolder lists
         return pil_file(path)
     if x.dtype != torch.uint8:  # 16-bit PNGs decode to uint16: scale to 8 bits
         x = (x.to(torch.int32) >> 8).to(torch.uint8)

@@ -1,0 +1,135 @@
+"""ImageFolder's decoder and normalisation (project/data/decode.py, normalize.py, transforms.py): PIL's pixels,
+torchvision's reference output for the same crop, and one normalisation for training, predict and export.
+In-process, on a few generated files."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import default_collate
+
+from project.data import ImageClassificationDataModule, decode
+from project.data.transforms import image_folder_transform
+from project.inference import preprocessing_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench_decode():
+    """scripts/bench_decode.py as a module: its image generator and its reference pipeline."""
+    spec = importlib.util.spec_from_file_location("bench_decode", ROOT / "scripts" / "bench_decode.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> list[Path]:
+    """Four natural-like 500x375 JPEGs at quality 90, as `make bench-data` writes them."""
+    bench = bench_decode()
+    folder = tmp_path_factory.mktemp("photos")
+    bank = bench._noise_bank(n=2)
+    paths = []
+    for i in range(4):
+        path = folder / f"{i}.jpg"
+        bench.natural_image(i, bank).save(path, quality=bench.QUALITY)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.claim("decode-matches-pil")
+def test_decoder_gives_pils_pixels(photos, tmp_path):
+    """load_image returns what torchvision's ImageFolder loader (PIL, converted to RGB) gives, pixel for pixel:
+    JPEG (both decode with libjpeg-turbo's default accurate integer IDCT and fancy upsampling, whose SIMD paths
+    are bit-exact with its C code) and PNG (lossless), RGB and grey; and BMP, which PIL decodes for it."""
+    rng = np.random.default_rng(0)
+    grey = (np.add.outer(np.arange(60), np.arange(80)) * 2 % 256).astype(np.uint8)
+    grey = (grey + rng.integers(0, 40, grey.shape)).astype(np.uint8)
+    colour = np.stack([grey, grey[::-1], 255 - grey], axis=-1)
+    files = list(photos[:2])
+    for name, pixels in (("grey", grey), ("rgb", colour)):
+        for ext, options in ((".jpg", {"quality": 90}), (".png", {}), (".bmp", {})):
+            path = tmp_path / f"{name}{ext}"
+            Image.fromarray(pixels).save(path, **options)
+            files.append(path)
+    for path in files:
+        with Image.open(path) as im:
+            expected = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
+        got = decode.load_image(path)
+        assert got.dtype == torch.uint8 and got.shape == expected.shape, path
+        assert torch.equal(got, expected), (path, (got.int() - expected.int()).abs().max())
+
+
+@pytest.mark.claim("decode-same-output")
+def test_training_crop_matches_torchvision_reference(photos):
+    """The default training transform, given the reference's crop parameters, differs from torchvision's
+    reference (PIL RandomResizedCrop, flip, ToTensor) by less than the reference differs from itself with
+    another resampling filter (bicubic for bilinear), per image: no quality is bought for speed."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import RandomHorizontalFlip, RandomResizedCrop
+    from torchvision.transforms.v2 import functional as F2
+
+    bench = bench_decode()
+    crop, flip = image_folder_transform(train=True, augment=True, size=(224, 224)).transforms
+    assert isinstance(crop, RandomResizedCrop) and isinstance(flip, RandomHorizontalFlip)
+    assert crop.scale == (0.08, 1.0) and InterpolationMode(crop.interpolation) == InterpolationMode.BILINEAR
+    # a random crop per image as RandomResizedCrop draws it, and the whole image (its largest downscale)
+    cases = [(p, bench.crop_params(p, seed=k)) for k, p in enumerate(photos)]
+    cases += [(p, (0, 0, bench.H, bench.W, False)) for p in photos]
+    for path, params in cases:
+        i, j, h, w, flipped = params
+        ours = F2.resized_crop(decode.load_image(path), i, j, h, w, list(crop.size), antialias=crop.antialias)
+        ours = (F2.horizontal_flip(ours) if flipped else ours).float() / 255
+        reference = bench.reference_fixed(path, params)
+        filters = (reference - bench.reference_fixed(path, params, InterpolationMode.BICUBIC)).abs().mean()
+        ours_diff = (ours - reference).abs().mean()
+        assert ours_diff < filters, (path, params, ours_diff.item(), filters.item())
+
+
+@pytest.mark.claim("normalize-one-function")
+def test_training_predict_and_export_normalise_alike(photos, tmp_path):
+    """The model input of the same file is the same tensor, bit for bit, whether it comes through training's
+    loader + on_after_batch_transfer, predict's preprocessing, or export's real batches."""
+    from project.export import _real_batches
+
+    root = tmp_path / "folder"
+    for split, count in (("train", 6), ("test", 2)):
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            for n in range(count):
+                source = photos[(n + (c == "b")) % len(photos)]
+                (root / split / c / f"{n}.jpg").write_bytes(source.read_bytes())
+    args = dict(source="imagefolder", root=str(root), image_size=32, batch_size=4, num_workers=0)
+    dm = ImageClassificationDataModule(augment=False, val_fraction=0.25, **args)
+    dm.setup("fit")
+    prep = preprocessing_of({"data": dm.state_dict()})
+
+    def predicted(paths):
+        out = []
+        for p in paths:
+            with Image.open(p) as im:
+                out.append(prep.image(im))
+        return torch.stack(out)
+
+    # training (augment off: the evaluation transform), and the test split as Trainer.test sees it
+    train_paths = [dm.train_set.dataset.samples[i][0] for i in dm.train_set.indices[:4]]
+    x, _ = dm.on_after_batch_transfer(default_collate([dm.train_set[i] for i in range(4)]), 0)
+    assert x.dtype == torch.float32 and torch.equal(x, predicted(train_paths))
+    test_x, _ = dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)
+    test_paths = [p for p, _ in dm.test_set.samples]
+    assert torch.equal(test_x, predicted(test_paths))
+    # export's check batches: the run's data module rebuilt from its saved hyperparameters
+    hparams = {"_class_path": "project.data.ImageClassificationDataModule", **args, "augment": False}
+    (exported,) = _real_batches(hparams, 1).values()
+    assert torch.equal(exported, test_x)
+
+    # training with augmentation: uint8 crops, normalised by the same function per batch
+    dm_aug = ImageClassificationDataModule(augment=True, val_fraction=0.25, **args)
+    dm_aug.setup("fit")
+    pixels, _ = next(iter(dm_aug.train_dataloader()))
+    assert pixels.dtype == torch.uint8 and pixels.shape == (4, 3, 32, 32)
+    x, _ = dm_aug.on_after_batch_transfer((pixels, torch.zeros(4)), 0)
+    assert torch.equal(x, prep.tensor(pixels))
