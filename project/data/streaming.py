@@ -145,6 +145,11 @@ class StreamingDataModule(L.LightningDataModule):
             num_workers=workers,
             pin_memory=pin,  # Lightning copies pinned batches to the GPU with non_blocking=True
             drop_last=train,
+            # Every iter() of a DataLoader draws its workers' base seed from this generator, by default the global
+            # RNG: a resumed run starts its epoch's iterator mid-epoch, after RNGState restored the streams, so
+            # that draw would shift every later dropout mask. The order is litdata's (seed, epoch) and the
+            # augmentation draws from its own generator, so the workers need no seed from the run's streams.
+            generator=torch.Generator().manual_seed(run_seed()),
         )
 
     def train_dataloader(self):
