@@ -183,10 +183,12 @@ def test_a_second_process_waits_for_the_first_and_checks_nothing(tmp_path, monke
     assert first_checking.wait(30)
     rank1 = threading.Thread(target=run, name="rank1")
     rank1.start()
-    time.sleep(0.5)
-    assert rank1.is_alive() and checked_by["rank1"] == 0  # waiting on the lock (rank0 cannot finish yet)
-    release.set()
-    rank0.join(30), rank1.join(30)
+    try:
+        time.sleep(0.5)
+        assert rank1.is_alive() and checked_by["rank1"] == 0  # waiting on the lock (rank0 cannot finish yet)
+    finally:
+        release.set()
+        rank0.join(30), rank1.join(30)
     assert checked_by == {"rank0": 16, "rank1": 0} and stats_by == {"rank0": 1, "rank1": 0}
     assert results["rank1"].samples == results["rank0"].samples and results["rank1"].checked == 0
     assert results["rank1"].mean == [0.5] * 3
