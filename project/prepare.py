@@ -22,6 +22,7 @@ through `read_metadata` below.
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -213,6 +214,27 @@ class WriteSample:
         return {"image": x, "label": label}
 
 
+def _folder_samples(path: Path, class_names: list[str]) -> list[tuple[str, int]]:
+    """(file, class index) of root/<split> in torchvision ImageFolder's order (the image module's order too);
+    every file checked to be a readable image first, so a bad one is named here, not in a writer process."""
+    from torchvision.datasets import ImageFolder
+
+    from project.data.image_folder import LAYOUT
+    from project.data.validate import check_images
+
+    try:
+        folder = ImageFolder(str(path))
+    except FileNotFoundError as err:
+        raise ConfigError(f"'{path}': {err}. Expected {LAYOUT}.") from err
+    if folder.classes != class_names:
+        raise ConfigError(
+            f"'{path}' has classes {folder.classes}, but '{path.parent / 'train'}' has {class_names}. "
+            "Every split must have the same class folders."
+        )
+    check_images(folder.samples, path)
+    return list(folder.samples)
+
+
 def _stratified(
     labels: list[int] | Tensor, fraction: float, seed: int, name: str
 ) -> tuple[list[int], list[int]]:
@@ -250,9 +272,8 @@ def plan(
         samples = Samples(source, root, size or native, 3)
         keys: dict[str, list[tuple[str, int]]] = {}
         for name in SPLITS:
-            folder = image_folder.split_folder(root, name, class_names, None)
-            if folder is not None:
-                samples.files[name] = list(folder.samples)
+            if (Path(root) / name).is_dir():
+                samples.files[name] = _folder_samples(Path(root) / name, class_names)
         train = samples.files["train"]
         labels = [label for _, label in train]
         index = list(range(len(train)))
@@ -291,10 +312,15 @@ def plan(
         )
     if root is None:
         raise ConfigError(f"--source {source} needs --root: the folder torchvision keeps its files in.")
+    from project.data.validate import check_labels
+
     c, h, w = torchvision_datasets.DATASETS[source][1]
     samples = Samples(source, root, size, c)
     _, labels = samples.tensors(True)
     _, test_labels = samples.tensors(False)
+    n_classes = len(torchvision_datasets.classes_of(source))
+    check_labels(labels, n_classes, f"The {source} training data")  # StreamingDataModule.labels_checked
+    check_labels(test_labels, n_classes, f"The {source} test data")
     keep, val = _stratified(labels, val_fraction, split_seed, "val")
     keys = {"train": [("train", i) for i in keep], "val": [("train", i) for i in val]}
     keys["test"] = [("test", i) for i in range(len(test_labels))]
@@ -405,44 +431,67 @@ def prepare(
 
     import litdata
 
+    workers = num_workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    staging: dict[str, str] = {}
     if is_remote(output_dir):
         allow_plain_http()
-    workers = num_workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    for split in SPLITS:
-        split_dir = join(output_dir, split)
-        have = None if overwrite else _index_samples(split_dir)
-        if have == counts[split]:
-            print(f"{split}: complete ({have} samples), kept.", file=sys.stderr)
-            continue
-        mode = None
-        if _has_files(split_dir):
-            why = (
-                "--overwrite true"
-                if overwrite
-                else (
-                    f"its index lists {have} samples, not {counts[split]}"
-                    if have is not None
-                    else "chunks without index.json: an interrupted run"
-                )
+        # litdata stages chunks for upload under $TMPDIR/chunks and empties that folder when it starts: two
+        # prepares at once (or a test suite's workers) would delete each other's chunks. A folder of our own.
+        private = tempfile.mkdtemp(prefix="prepare-")
+        staging = {
+            var: os.environ.get(var) or os.path.join(private, sub)
+            for var, sub in (
+                ("DATA_OPTIMIZER_CACHE_FOLDER", "chunks"),
+                ("DATA_OPTIMIZER_DATA_CACHE_FOLDER", "data"),
             )
-            print(f"{split}: replacing the existing output ({why}).", file=sys.stderr)
-            mode = "overwrite"
-        print(f"{split}: writing {counts[split]} samples to {split_dir}", file=sys.stderr)
-        litdata.optimize(
-            fn=WriteSample(samples),
-            inputs=keys[split],
-            output_dir=split_dir,
-            chunk_bytes=chunk_bytes,
-            num_workers=min(workers, len(keys[split])),
-            mode=mode,
-            keep_data_ordered=True,  # the same chunks for the same settings, run after run
-            reorder_files=False,
-            start_method="fork",  # workers inherit the imports: spawn re-imported torch in each (~90 s on 2 busy cores)
-            verbose=True,  # litdata's progress bar
-        )
-        have = _index_samples(split_dir)
-        if have != counts[split]:
-            raise RuntimeError(f"{split_dir}: litdata wrote {have} samples, expected {counts[split]}.")
+        }
+    saved = {var: os.environ.get(var) for var in staging}
+    os.environ.update(staging)
+    try:
+        for split in SPLITS:
+            split_dir = join(output_dir, split)
+            have = None if overwrite else _index_samples(split_dir)
+            if have == counts[split]:
+                print(f"{split}: complete ({have} samples), kept.", file=sys.stderr)
+                continue
+            mode = None
+            if _has_files(split_dir):
+                why = (
+                    "--overwrite true"
+                    if overwrite
+                    else (
+                        f"its index lists {have} samples, not {counts[split]}"
+                        if have is not None
+                        else "chunks without index.json: an interrupted run"
+                    )
+                )
+                print(f"{split}: replacing the existing output ({why}).", file=sys.stderr)
+                mode = "overwrite"
+            print(f"{split}: writing {counts[split]} samples to {split_dir}", file=sys.stderr)
+            litdata.optimize(
+                fn=WriteSample(samples),
+                inputs=keys[split],
+                output_dir=split_dir,
+                chunk_bytes=chunk_bytes,
+                num_workers=min(workers, len(keys[split])),
+                mode=mode,
+                keep_data_ordered=True,  # the same chunks for the same settings, run after run
+                reorder_files=False,
+                start_method="fork",  # workers inherit the imports: spawn re-imported torch in each (~90 s on 2 busy cores)
+                verbose=True,  # litdata's progress bar
+            )
+            have = _index_samples(split_dir)
+            if have != counts[split]:
+                raise RuntimeError(f"{split_dir}: litdata wrote {have} samples, expected {counts[split]}.")
+
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        if staging:
+            shutil.rmtree(private, ignore_errors=True)
     mean, std = channel_stats(samples, keys["train"])
     meta.update(complete=True, mean=mean, std=std)
     _write_json(meta_path, meta)

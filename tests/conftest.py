@@ -53,6 +53,7 @@ LONGEST_FIRST = (
     "test_readme.py",  # ~95
     "test_ddp.py",  # ~75
     "test_resume_kill.py",  # ~70
+    "test_streaming.py",  # ~60 CPU s (one training process, moto's server, in-process prepares and a fit)
     "test_bench.py",  # ~55
     "test_gpu_check.py",  # ~50
     "test_cli.py",  # ~35

@@ -99,6 +99,15 @@ COMMANDS = {
     'make train ARGS="--config mine.yaml"': "test_own_model",
     IMAGEFOLDER: "test_imagefolder",
     CIFAR10: "test_cifar10_download_needs_network",
+    # README "Data that outgrows one machine": tests/test_streaming.py, against moto's S3 server on 127.0.0.1.
+    "make prepare SOURCE=imagefolder ROOT=/data/pets OUTPUT=/data/pets-stream IMAGE_SIZE=64": "not run here: "
+    "tests/test_streaming.py runs the command it prints in-process on a folder it writes (re-runs included)",
+    'make train ARGS="--data project.data.StreamingDataModule --data.init_args.input_dir /data/pets-stream"': "not "
+    "run here: the s3:// line below with a local input_dir; tests/test_streaming.py trains from a local one in-process",
+    "make prepare SOURCE=imagefolder ROOT=/data/pets OUTPUT=s3://my-bucket/pets IMAGE_SIZE=64": "not run here: "
+    "tests/test_streaming.py (test_readme_s3_commands) runs the command it prints in-process, to moto's server",
+    'make train ARGS="--data project.data.StreamingDataModule --data.init_args.input_dir s3://my-bucket/pets"': "not "
+    "run here: tests/test_streaming.py (test_readme_s3_commands) runs it as typed, one epoch, from moto's server",
     EVALUATE: "not run here: tests/test_cli.py runs the same `python -m project test` arguments in-process",
     "make train-ddp": "test_train_ddp_in_a_terminal",
     'make train-ddp NPROC=4 ARGS="--trainer.max_epochs 5"': "test_make_help (with make -n: 4 processes do not fit "

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from project.data.batch_augment import augment_batch
+from project.data.normalize import Normalize
 from project.data.validate import check_batch_size
 from project.data.workers import default_num_workers
 from project.errors import ConfigError
@@ -94,7 +95,7 @@ class StreamingDataModule(L.LightningDataModule):
         self.std: list[float] = list(meta["std"])
         self.policy = meta.get("augment_policy", "none") if augment else "none"
         self.split_sizes: dict[str, int] = dict(meta["splits"])
-        self._norm: tuple[Tensor, Tensor] | None = None
+        self._normalize: Normalize | None = None
 
     @property
     def num_classes(self) -> int:
@@ -164,7 +165,6 @@ class StreamingDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch, dataloader_idx: int) -> tuple[Tensor, Tensor]:
         """uint8 batch on the device -> augmented (training) and normalised float32 (x, y)."""
         x, y = (batch["image"], batch["label"]) if isinstance(batch, dict) else batch
-        x = x.float().mul_(1 / 255.0)
         trainer = self.trainer
         if self.policy != "none" and trainer is not None and trainer.training:
             # A function of (seed, epoch, batch index in the epoch, rank) only: the same after a resume.
@@ -172,15 +172,11 @@ class StreamingDataModule(L.LightningDataModule):
             g = torch.Generator(device=x.device).manual_seed(
                 mix_seed(run_seed(), trainer.current_epoch, b, trainer.global_rank, AUGMENT_STREAM)
             )
-            x = augment_batch(x, self.policy, g)
-        if self._norm is None or self._norm[0].device != x.device:
-            shape = (1, -1, 1, 1)
-            self._norm = (
-                torch.tensor(self.mean, device=x.device).view(shape),
-                torch.tensor(self.std, device=x.device).view(shape),
-            )
-        mean, std = self._norm
-        return (x - mean) / std, y.long()
+            x = augment_batch(x.float().mul_(1 / 255.0), self.policy, g)  # on [0, 1] floats
+        if self._normalize is None:
+            self._normalize = Normalize(self.mean, self.std)  # the function predict and export use too
+        # uint8 (or the augmented [0, 1] floats) -> float32 (x / 255 - mean) / std
+        return self._normalize(x), y.long()
 
     def state_dict(self) -> dict:
         # Saved in every checkpoint so prediction and export know the classes and the preprocessing.

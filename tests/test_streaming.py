@@ -1,0 +1,266 @@
+"""README "Data that outgrows one machine": make prepare and StreamingDataModule, in one process (DDP:
+tests/test_streaming_ddp.py).
+
+- The README's s3:// commands as typed (make prepare, then make train for one epoch) against moto's S3 server,
+  started here on 127.0.0.1; the training is this file's one process.
+- The local path in-process: prepare's splits against a direct count of the folder, every validation and test
+  sample seen by the LightningModule exactly once (under Lightning, with two loader workers and partial batches),
+  the training order reshuffled per epoch, and re-runs of prepare (complete, interrupted, other settings,
+  foreign output).
+"""
+
+import hashlib
+import os
+import shlex
+import socket
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.__main__ import main as project_main
+from project.errors import ConfigError
+from tests.conftest import LAUNCH_TIMEOUT, launch, user_checkout
+from tests.test_readme import ONE_EPOCH, check_run, make_argv, readme_command, write_images
+
+pytestmark = pytest.mark.slow
+
+PREPARE_S3 = "make prepare SOURCE=imagefolder ROOT=/data/pets OUTPUT=s3://my-bucket/pets IMAGE_SIZE=64"
+TRAIN_S3 = (
+    'make train ARGS="--data project.data.StreamingDataModule --data.init_args.input_dir s3://my-bucket/pets"'
+)
+PREPARE_LOCAL = "make prepare SOURCE=imagefolder ROOT=/data/pets OUTPUT=/data/pets-stream IMAGE_SIZE=64"
+TRAIN_LOCAL = (
+    'make train ARGS="--data project.data.StreamingDataModule --data.init_args.input_dir /data/pets-stream"'
+)
+# write_images: 2 classes x 50 images, no val/test folders. stratified_split holds out ceil(fraction * n):
+# test ceil(0.2 * 100) = 20, val ceil(0.1 * 80) = 8, train 72 (one batch of the default 64).
+EXPECTED = {"train": 72, "val": 8, "test": 20}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1 with an empty bucket `my-bucket`; yields the AWS_* variables that reach it."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        # chunks downloaded for training: not in the user's ~/.lightning
+        "LITDATA_CACHE_DIR": str(tmp_path_factory.mktemp("litdata-cache")),
+    }
+    import boto3
+
+    boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket="my-bucket")
+    yield env
+    server.stop()
+
+
+@pytest.mark.claim("stream-s3-compatible")
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 120)
+def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
+    """make prepare to s3:// then make train from it, as the README types them (one epoch). prepare runs in this
+    process (the command `make -n` prints for the README line: 10-20 CPU s of imports saved), training as a
+    process of its own that knows the store from the AWS_* variables only."""
+    checkout = user_checkout(tmp_path / "checkout")
+    pets = write_images(tmp_path / "pets")
+    argv = make_argv(readme_command(PREPARE_S3).replace("/data/pets", str(pets)))
+    printed = subprocess.run(
+        ["make", "-n", *argv[1:]], cwd=checkout, capture_output=True, text=True, check=True
+    )
+    python, *command = shlex.split(printed.stdout.strip().splitlines()[-1])
+    assert command[:3] == ["-m", "project", "prepare"], printed.stdout
+    for name, value in s3.items():
+        monkeypatch.setenv(name, value)
+    project_main(command[2:])
+    assert "Progress" in capsys.readouterr().err  # litdata's progress bar
+    trained = launch(
+        make_argv(readme_command(TRAIN_S3), *ONE_EPOCH), checkout, env={"OMP_NUM_THREADS": "1", **s3}
+    )
+    run = check_run(trained)
+    ckpt = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
+    (data,) = [v for k, v in ckpt.items() if k.endswith("StreamingDataModule")]
+    # the image module's keys, which predict and export read (project/inference.py)
+    assert data["class_names"] == ["cat", "dog"] and data["input_shape"] == [3, 64, 64], data
+    assert len(data["mean"]) == len(data["std"]) == 3, data
+    # Lightning kept the training loader's position (mid-epoch resume): one epoch of 72 // 64 = 1 batch.
+    (loader,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert loader["num_samples_yielded"] == 64 and loader["dataset"]["input_dir_url"].startswith("s3://"), (
+        loader
+    )
+    # the chunks came from the server into the cache, not from a local path
+    cached = [p for p in Path(s3["LITDATA_CACHE_DIR"]).rglob("chunk-*.bin")]
+    assert cached, list(Path(s3["LITDATA_CACHE_DIR"]).rglob("*"))
+
+
+# ----------------------------------------------------------------------------------------------------- local
+def prepare_local(pets: Path, out: Path, *extra: str) -> None:
+    """The README's local `make prepare` line, in this process (the command `make prepare` prints)."""
+    from project.prepare import main
+
+    assert readme_command(PREPARE_LOCAL)
+    main(
+        [
+            "--source",
+            "imagefolder",
+            "--root",
+            str(pets),
+            "--output_dir",
+            str(out),
+            "--image_size",
+            "64",
+            *extra,
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    base = tmp_path_factory.mktemp("stream-local")
+    pets = write_images(base / "pets")
+    out = base / "pets-stream"
+    prepare_local(pets, out)
+    return pets, out
+
+
+def stored(out: Path, split: str) -> Counter:
+    """Every sample of a split read back straight from its chunks: (label, pixel hash) -> count."""
+    from litdata import StreamingDataset
+
+    ds = StreamingDataset(str(out / split))
+    return Counter(_key(ds[i]["image"], ds[i]["label"]) for i in range(len(ds)))
+
+
+def _key(pixels: torch.Tensor, label) -> tuple[int, str]:
+    return int(label), hashlib.sha1(pixels.contiguous().numpy().tobytes()).hexdigest()
+
+
+@pytest.mark.claim("stream-eval-exactly-once")
+def test_val_and_test_count_every_sample_once(local):
+    """Under Lightning, 2 loader workers, batch 3 (partial batches in every worker): the samples the module saw in
+    validation and test are exactly the stored ones, each once."""
+    import lightning as L
+
+    from project.data import StreamingDataModule
+    from project.models.convnet import ConvNet
+    from project.module import ClassificationModule
+
+    pets, out = local
+    meta_counts = __import__("json").loads((out / "prepare.json").read_text())["splits"]
+    assert meta_counts == EXPECTED
+    # the same split sizes as the image module on the same folder and seed
+    from project.data import ImageClassificationDataModule
+
+    image = ImageClassificationDataModule("imagefolder", str(pets), image_size=64)
+    image.setup("fit")
+    assert {k: len(getattr(image, f"{k}_set")) for k in EXPECTED} == EXPECTED
+
+    dm = StreamingDataModule(str(out), batch_size=3, num_workers=2)
+    mean = torch.tensor(dm.mean).view(1, -1, 1, 1)
+    std = torch.tensor(dm.std).view(1, -1, 1, 1)
+    seen: dict[str, Counter] = {"val": Counter(), "test": Counter()}
+
+    class Seen(L.Callback):
+        def _count(self, stage, batch):
+            x, y = batch
+            pixels = ((x.cpu() * std + mean) * 255).round().to(torch.uint8)  # undo the normalisation exactly
+            seen[stage].update(_key(p, label) for p, label in zip(pixels, y.tolist()))
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            if not trainer.sanity_checking:
+                self._count("val", batch)
+
+        def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            self._count("test", batch)
+
+    model = ClassificationModule(ConvNet(num_classes=2, in_channels=3, width=4), 2, dm.input_shape)
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Seen()],
+        accelerator="cpu",
+    )
+    trainer.fit(model, dm)
+    trainer.test(model, dm, verbose=False)
+    for split in ("val", "test"):
+        assert sum(seen[split].values()) == EXPECTED[split], (split, seen[split])
+        assert seen[split] == stored(out, split), split
+
+
+@pytest.mark.claim("stream-reshuffled-per-epoch")
+def test_training_order_reshuffled_per_epoch(local):
+    """Two epochs of the training loader: each the same samples (72 // 8 = 9 full batches, the remainder 0), in
+    a different order."""
+    from project.data import StreamingDataModule
+
+    _, out = local
+    loader = StreamingDataModule(str(out), batch_size=8, num_workers=0).train_dataloader()
+    epochs = [[_key(p, y) for b in loader for p, y in zip(b["image"], b["label"].tolist())] for _ in range(2)]
+    assert len(epochs[0]) == len(epochs[1]) == 72
+    assert Counter(epochs[0]) == Counter(epochs[1]) == stored(out, "train")
+    assert epochs[0] != epochs[1]
+
+
+@pytest.mark.claim("prepare-rerun-safe")
+def test_prepare_rerun(tmp_path, local, capsys):
+    """Complete output is kept, an interrupted split rewritten, other settings and foreign output refused."""
+    import shutil
+
+    from project.data import StreamingDataModule
+
+    pets, done = local
+    out = tmp_path / "pets-stream"
+    shutil.copytree(done, out)
+    train_index = out / "train/index.json"
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+    prepare_local(pets, out)  # complete: nothing written
+    assert "nothing to do" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+
+    # interrupted while writing val: its chunks are there, its index.json is not (litdata writes it last)
+    (out / "val/index.json").unlink()
+    meta = out / "prepare.json"
+    meta.write_text(meta.read_text().replace('"complete": true', '"complete": false'))
+    with pytest.raises(ConfigError, match="Run the same prepare command again"):
+        StreamingDataModule(str(out))
+    prepare_local(pets, out)
+    err = capsys.readouterr().err
+    assert "val: replacing the existing output (chunks without index.json" in err, err
+    assert (
+        "train: complete (72 samples), kept." in err and train_index.stat().st_mtime_ns == before[train_index]
+    )
+    assert stored(out, "val") == stored(done, "val")
+    assert StreamingDataModule(str(out)).split_sizes == EXPECTED
+
+    with pytest.raises(ConfigError, match=r"other settings \(image_size: 64 -> 32\).*--overwrite true"):
+        prepare_local(pets, out, "--image_size", "32")
+    foreign = tmp_path / "foreign"
+    (foreign / "train").mkdir(parents=True)
+    (foreign / "train/mine.txt").write_text("not litdata")
+    with pytest.raises(ConfigError, match="not written by `python -m project prepare`"):
+        prepare_local(pets, foreign)
+    assert os.listdir(foreign / "train") == ["mine.txt"]
