@@ -71,7 +71,12 @@ def start(root: Path) -> dict:
     """One start in a fresh process: the data module's construction + prepare_data, timed inside it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
-        [sys.executable, "-c", START, str(root)], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", START, str(root)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -33,6 +33,7 @@ up to 512 training images for the normalisation statistics. With it:
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -50,6 +51,7 @@ SPLITS = ("train", "val", "test")
 LOCAL_DIR = ".project-index"
 MANIFEST = "index.json"
 VERSION = 2
+ANNOUNCE = 10_000  # a start that checks this many files says so on stderr
 
 Stats = Callable[[list[tuple[str, int]]], tuple[list[float], list[float]]]
 
@@ -219,6 +221,14 @@ def _build(root: Path, scan: dict, old: dict, stats: Stats | None, stats_key: st
             return None
         else:
             known = dict(zip(prev.get("paths", []), zip(prev.get("sizes", []), prev.get("mtimes", []))))
+            todo = sum(known.get(rel) != (size, mtime) for rel, size, mtime in zip(rels, sizes, mtimes))
+            if todo >= ANNOUNCE:  # minutes on a large folder: say what is happening, and that it happens once
+                print(
+                    f"Checking {todo} new or changed image files under '{root / split}' (kept in the index: "
+                    "later starts re-check only files that change).",
+                    file=sys.stderr,
+                    flush=True,
+                )
             bad = {}
             for rel, size, mtime in zip(rels, sizes, mtimes):
                 if known.get(rel) == (size, mtime):

@@ -17,8 +17,8 @@ from tests.data.test_image_folder import write_pngs
 PAST_NS = 1_600_000_000 * 10**9  # every written file gets this mtime, so any rewrite later changes it
 
 
-def make_folder(root, classes={"cat": 8, "dog": 8}, split="train"):
-    write_pngs(root, split, classes)
+def make_folder(root, classes=(("cat", 8), ("dog", 8)), split="train"):
+    write_pngs(root, split, dict(classes))
     for path in (root / split).rglob("*.png"):
         os.utime(path, ns=(PAST_NS, PAST_NS))
     return root
@@ -68,11 +68,13 @@ def test_second_start_opens_no_file(tmp_path, monkeypatch):
 @pytest.mark.claim("folder-index-changes")
 def test_changed_added_and_deleted_files_are_noticed(tmp_path, monkeypatch):
     root = make_folder(tmp_path / "data")
-    make_folder(root, {"cat": 2, "dog": 2}, split="val")
+    make_folder(root, (("cat", 2), ("dog", 2)), split="val")
     stats = []
 
     def index():
-        return folder_index.index_folder(root, ["cat", "dog"], lambda s: stats.append(s) or ([0.5] * 3, [0.2] * 3))
+        return folder_index.index_folder(
+            root, ["cat", "dog"], lambda s: stats.append(s) or ([0.5] * 3, [0.2] * 3)
+        )
 
     assert index().checked == 20 and len(stats) == 1  # 16 train + 4 val files, statistics of train
     changed, deleted, added = root / "train/cat/3.png", root / "train/dog/5.png", root / "train/dog/new.png"
@@ -93,7 +95,7 @@ def test_changed_added_and_deleted_files_are_noticed(tmp_path, monkeypatch):
     (root / ".project-index/index.json").write_text("{not json")  # a damaged manifest is made again
     assert index().checked == 20 and len(stats) == 3
     leftovers = [p.name for p in (root / ".project-index").iterdir()]
-    assert sorted(leftovers) == ["index.json", "index.lock"]  # written through a temporary file, renamed
+    assert "index.json" in leftovers and not [n for n in leftovers if n.endswith(".tmp")]  # temp file renamed
 
 
 @pytest.mark.claim("folder-index-unreadable")
