@@ -140,7 +140,8 @@ class StreamingDataModule(L.LightningDataModule):
                 join(self.input_dir, split),
                 shuffle=train and hp.shuffle,
                 drop_last=train,
-                seed=run_seed(),  # the same on every rank: the shards are disjoint
+                # the same on every rank (the shards are disjoint); litdata seeds numpy's RandomState, < 2**32
+                seed=run_seed() % 2**32,
                 **kwargs,
             )
         finally:
