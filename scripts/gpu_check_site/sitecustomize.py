@@ -21,7 +21,11 @@ class _OnlyFromWheels:
     def find_spec(name, path=None, target=None):
         if name.partition(".")[0] not in HIDDEN or "." in name:
             return None  # not hidden, or a submodule: found through its parent's __path__ (in the wheels' folder)
-        spec = importlib.machinery.PathFinder.find_spec(name, ALLOWED)
+        # Only where the GPU machine would look: the wheels' folder as far as it is on sys.path (PYTHONPATH).
+        allowed = {os.path.realpath(p) for p in ALLOWED}
+        spec = importlib.machinery.PathFinder.find_spec(
+            name, [p for p in sys.path if p and os.path.realpath(p) in allowed]
+        )
         if spec is None:
             raise ModuleNotFoundError(
                 f"No module named '{name}' (hidden by the GPU check's dry-run)", name=name
