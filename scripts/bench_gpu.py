@@ -3,8 +3,16 @@
 50,000 x 3 x 32 x 32 uint8 images live on the GPU (the in-memory loader, crop + flip augmentation); both
 sides train torchvision's resnet18 with AdamW, warmup-cosine, bf16 autocast and channels_last, and evaluate
 10,000 images per epoch. Sized for one GPU within 5 minutes. `--gpu-size 512` dry-runs it on CPU.
+
+With and without compile: the eager pair (template, raw loop) runs `repeats` rounds (at least 2), then one
+round of the compiled pair (the template's `compile: true`, `nn.Module.compile()` on the raw loop's model):
+each compile of ResNet-18's forward and backward takes tens of seconds on a GPU, and the GPU check's bench
+stage has 200 s. A compiled side's warm-up epoch holds its compile, reported as `compile_seconds` (its
+warm-up epoch minus the eager one's). On the CPU dry-run the compiled arms run with dynamo disabled
+(`compile_backend: "disabled (CPU dry-run)"`): the same code path, no inductor build (minutes on 2 cores).
 """
 
+import contextlib
 import statistics
 import tempfile
 import time
@@ -47,10 +55,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def raw(n: int, device: torch.device) -> dict:
+def raw(n: int, device: torch.device, compile: bool = False) -> dict:
     torch.manual_seed(0)
     train, val = _data(n, device)
     model = TorchvisionClassifier("resnet18", 10).to(device, memory_format=torch.channels_last)
+    if compile:
+        model.compile()  # as the template's `compile: true` does (ClassificationModule.setup)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.05)
     total = EPOCHS * len(train)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, len(train), total))
@@ -106,7 +116,7 @@ class _Clock(L.Callback):
         self.starts.append(time.perf_counter())
 
 
-def template(n: int, device: torch.device) -> dict:
+def template(n: int, device: torch.device, compile: bool = False) -> dict:
     torch.manual_seed(0)
     data, clock = _Data(n, device), _Clock()
     module = ClassificationModule(
@@ -116,6 +126,7 @@ def template(n: int, device: torch.device) -> dict:
         optimizer=lambda params: torch.optim.AdamW(params, lr=LR, weight_decay=0.05),
         label_smoothing=0.1,
         channels_last=True,
+        compile=compile,
     )
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         trainer = L.Trainer(
@@ -138,13 +149,22 @@ def template(n: int, device: torch.device) -> dict:
     }
 
 
+def _compile_context(device: torch.device):
+    """Dynamo off on the CPU dry-run (see the module docstring); nothing changes on a GPU."""
+    if device.type == "cuda":
+        return contextlib.nullcontext()
+    return torch._dynamo.config.patch(disable=True)
+
+
+def _sps(r: dict) -> float:
+    steady = r["epoch_seconds"][1:]
+    return r["samples_per_epoch"] * len(steady) / sum(steady)
+
+
 def bench_gpu(n: int, repeats: int) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cudnn.benchmark = True
-
-    def sps(r: dict) -> float:
-        steady = r["epoch_seconds"][1:]
-        return r["samples_per_epoch"] * len(steady) / sum(steady)
+    sps = _sps
 
     t_runs, r_runs = [], []
     for i in range(max(2, repeats)):
@@ -152,6 +172,9 @@ def bench_gpu(n: int, repeats: int) -> dict:
         for fn, sink in order if i % 2 == 0 else order[::-1]:
             sink.append(fn(n, device))
     ratios = [sps(t) / sps(r) for t, r in zip(t_runs, r_runs, strict=True)]
+    with _compile_context(device):
+        t_comp, r_comp = template(n, device, compile=True), raw(n, device, compile=True)
+    warm_t, warm_r = (statistics.median(x["epoch_seconds"][0] for x in runs) for runs in (t_runs, r_runs))
     return {
         "machine": machine(),
         "gpu": {
@@ -164,9 +187,16 @@ def bench_gpu(n: int, repeats: int) -> dict:
             "raw_loop_images_per_s": round(statistics.median(map(sps, r_runs)), 1),
             "throughput_ratio": round(statistics.median(ratios), 4),
             "ratios": [round(r, 4) for r in ratios],
-            "template_warmup_epoch_seconds": round(
-                statistics.median(t["epoch_seconds"][0] for t in t_runs), 3
-            ),
-            "raw_warmup_epoch_seconds": round(statistics.median(r["epoch_seconds"][0] for r in r_runs), 3),
+            "template_warmup_epoch_seconds": round(warm_t, 3),
+            "raw_warmup_epoch_seconds": round(warm_r, 3),
+            # One round, after the eager ones (module docstring): compiled images/s and their ratios.
+            "compile_backend": "inductor" if device.type == "cuda" else "disabled (CPU dry-run)",
+            "compiled_template_images_per_s": round(sps(t_comp), 1),
+            "compiled_raw_loop_images_per_s": round(sps(r_comp), 1),
+            "compiled_throughput_ratio": round(sps(t_comp) / sps(r_comp), 4),
+            "compile_speedup_template": round(sps(t_comp) / statistics.median(map(sps, t_runs)), 4),
+            "compile_speedup_raw_loop": round(sps(r_comp) / statistics.median(map(sps, r_runs)), 4),
+            "compile_seconds_template": round(t_comp["epoch_seconds"][0] - warm_t, 3),
+            "compile_seconds_raw_loop": round(r_comp["epoch_seconds"][0] - warm_r, 3),
         },
     }
