@@ -83,6 +83,9 @@ class StreamingDataModule(L.LightningDataModule):
         # worker is configured to avoid duplicates: litdata gives each worker its own samples (tests/
         # test_streaming.py counts every one), so the warning does not apply to these loaders.
         warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
+        # torch's "The given buffer is not writable": litdata reads each sample as a view of the chunk file's
+        # buffer; collate stacks the views into a new tensor, so nothing ever writes into the file's memory.
+        warnings.filterwarnings("ignore", message=r"The given buffer is not writable")
         if "://" not in input_dir:
             input_dir = os.path.abspath(input_dir)  # the same files whatever the working directory
         self.input_dir = input_dir
