@@ -37,7 +37,7 @@ SPLITS = ("train", "val", "test")
 METADATA = "prepare.json"
 FORMAT_VERSION = 1
 # The settings that decide the contents: output prepared with other values is refused (or overwritten).
-SETTINGS = ("source", "image_size", "val_fraction", "test_fraction", "split_seed", "storage")
+SETTINGS = ("source", "root", "image_size", "val_fraction", "test_fraction", "split_seed", "storage")
 STATS_SAMPLES = 4096  # mean/std from at most this many evenly spaced training images (the image module: 512)
 
 Source = Literal["imagefolder", "digits", "cifar10", "mnist", "fashionmnist"]
@@ -394,9 +394,7 @@ def prepare(
             "or pass --overwrite true to replace it."
         )
     if old is None and not overwrite:
-        foreign = [s for s in SPLITS if _has_files(join(output_dir, s))] + (
-            [] if is_remote(output_dir) or not Path(output_dir, METADATA).exists() else [METADATA]
-        )
+        foreign = [s for s in SPLITS if _has_files(join(output_dir, s))]
         if foreign:
             raise ConfigError(
                 f"'{output_dir}' already has {', '.join(foreign)} but no {METADATA}: it was not written by "
