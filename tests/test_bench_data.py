@@ -46,6 +46,8 @@ def test_bench_data_smoke_writes_every_key(tmp_path, capsys):
     # the same data on every path: as many samples per epoch (2 batches of 64 here)
     assert {paths[name]["samples_per_epoch"] for name in bench_data.PATHS} == {2 * 64}
     assert isinstance(paths["streaming_data_wait_below_target"], bool)
+    cpu_keys = ("streaming_read_cpu_ms_per_sample", "train_step_cpu_ms_per_sample", "read_over_step_cpu")
+    assert all(finite(paths[k]) and paths[k] > 0 for k in cpu_keys), paths
     # the decode bench (helper module) ran on its tiny smoke folder; the folder bench is skipped and says why
     assert res["decode"]["available"] is True, res["decode"]
     assert any(finite(v) for v in res["decode"].values()), res["decode"]
