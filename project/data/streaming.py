@@ -115,8 +115,14 @@ class StreamingDataModule(L.LightningDataModule):
     def in_channels(self) -> int:
         return self.input_shape[0]
 
+    def prepare_data(self) -> None:
+        # Lightning creates the loggers' files between prepare_data and setup: a batch larger than the training
+        # split fails here, before a run directory is written (README "Bad input").
+        fn = self.trainer.state.fn if self.trainer is not None else None
+        self.setup(fn.value if fn is not None else None)
+
     def setup(self, stage: str | None = None) -> None:
-        if stage in (None, "fit"):  # fails now, not after the logs exist
+        if stage in (None, "fit"):
             check_batch_size(self.split_sizes["train"], self._world_size(), self.hparams.batch_size)
 
     def _world_size(self) -> int:
