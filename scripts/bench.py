@@ -1,8 +1,8 @@
 """`make bench`: the template against a hand-written PyTorch loop, side by side in one process.
 
-    python scripts/bench.py            # full: >= 5 repeats per figure (~6-10 min on 2 CPU cores)
+    python scripts/bench.py            # full: 5 runs for the headline ratios, 3 for the rest (<= 10 min, 2 cores)
     python scripts/bench.py --quick    # 2 repeats, fewer sizes (~1-2 min)
-    python scripts/bench.py --smoke    # 1 repeat, 2 batches per epoch: produces every key, measures nothing
+    python scripts/bench.py --smoke    # 1 repeat, 2 batches per epoch, options in 2 runs: every key, no measure
     python scripts/bench.py --gpu      # ResNet-18 on CIFAR-shaped data on CUDA (scripts/bench_gpu.py)
 
 Every figure comes from runs in this invocation, as the median over repeats. The template and the raw loop
@@ -26,16 +26,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 
 PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dataset sizes, default runs
+    # The full profile's repeats, from its own noise (README "Performance", 2026-12-01, load ~1): epoch-pair
+    # ratios spread with an IQR of ~0.04 (sd ~0.03), so the median of n pairs has a standard error of ~0.04/sqrt(n).
+    # The headline ratios keep 5 runs (20 pairs: ~0.009); options, compile and the other batch sizes take 3
+    # (12 pairs: ~0.011), enough for effects of a few percent (the options measured so far: x0.16-x0.94, or
+    # within 1% of x1 either way); the default run's figures are a deterministic accuracy and wall times
+    # whose run-to-run spread was under 5% (3 runs).
     "full": dict(
         repeats=5,
         epochs=5,
         batch_sizes=(32, 64, 128, 256),
         sizes=(1_000, 10_000, 100_000),
-        default_runs=5,
-        option_repeats=5,
-        compile_repeats=5,
+        default_runs=3,
+        option_repeats=3,
+        compile_repeats=3,
+        scaling_repeats=3,
         fit_repeats=3,
         limit=None,
+        options_in_one_run=False,
         default_args=[],
     ),
     "quick": dict(
@@ -46,8 +54,10 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
         default_runs=1,
         option_repeats=1,
         compile_repeats=1,
+        scaling_repeats=2,
         fit_repeats=1,
         limit=None,
+        options_in_one_run=False,
         default_args=[],
     ),
     "smoke": dict(
@@ -58,8 +68,10 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
         default_runs=1,
         option_repeats=1,
         compile_repeats=0,
+        scaling_repeats=1,
         fit_repeats=1,
         limit=2,
+        options_in_one_run=True,
         default_args=[
             "--trainer.max_epochs",
             "1",
@@ -121,7 +133,7 @@ def bench_cpu(p: dict) -> dict:
 
     def tmpl(bs=64, extra=(), raw=seeds_loop, instrument=False, drop=()):
         """A template run with one raw-loop epoch before each of its epochs (bench_loops.EpochClock)."""
-        return template_run(E, bs, [*lim, *extra], raw=raw, instrument=instrument, drop=drop)
+        return template_run(E, bs, [*lim, *extra], raw=raw, instrument=instrument, drop=drop, whole_fit=False)
 
     # One round = the default template, every option, and the default against the tuned raw loop, in an
     # order reversed on odd rounds. Every run carries its own raw-loop epochs, so each figure is a median
@@ -134,6 +146,14 @@ def bench_cpu(p: dict) -> dict:
         "torch_threads_1": lambda: _threads(1, tmpl),
         "no_lean_hooks": lambda: tmpl(drop=("LeanHooks",)),
     }
+    options = [*VARIANTS, "torch_threads_1", "no_lean_hooks"]
+    if p["options_in_one_run"]:
+        # Smoke: every option's flags (and the no-LeanHooks, 1-thread paths) in one run, which checks that they
+        # still parse and train; each option's key then holds that run (it measures nothing anyway). bf16-mixed
+        # runs apart: Lightning's mixed-precision plugin refuses gradient clipping with the fused AdamW.
+        every = [a for k, v in VARIANTS.items() if k != "bf16_mixed" for a in v]
+        arms = {k: arms[k] for k in ("template", "template_vs_tuned_loop", "bf16_mixed")}
+        arms["every_option"] = lambda: _threads(1, lambda: tmpl(extra=every, drop=("LeanHooks",)))
     got: dict[str, list] = {k: [] for k in arms}
     for i in range(R):
         # The quick profile runs the options in its first round only (bench-quick stays within 2 minutes).
@@ -178,8 +198,10 @@ def bench_cpu(p: dict) -> dict:
         "raw_steady_epoch_seconds": med([statistics.median(t["raw"]["epoch_seconds"][1:]) for t in t_runs]),
     }
     out["options"] = {
-        name: _paired(t_runs[: len(got[name])], got[name])
-        for name in [*VARIANTS, "torch_threads_1", "no_lean_hooks"]
+        name: _paired(
+            t_runs[: len(got.get(name, got.get("every_option")))], got.get(name, got.get("every_option"))
+        )
+        for name in options
     }
     out["options"]["compile"] = _compile(p, tmpl)
 
@@ -213,7 +235,7 @@ def bench_cpu(p: dict) -> dict:
     # Against the tuned loop, with the per-step and per-epoch overheads and the training metrics' update cost:
     # what grows with the batch size is work per sample, not loop overhead.
     for bs in p["batch_sizes"]:
-        ts = tuned_runs if bs == 64 else [tmpl(bs, raw=tuned_loop) for _ in range(R)]
+        ts = tuned_runs if bs == 64 else [tmpl(bs, raw=tuned_loop) for _ in range(p["scaling_repeats"])]
         out["scaling"]["batch_size"][str(bs)] = {
             "template_samples_per_s": med([steady_samples_per_s(t) for t in ts]),
             "raw_loop_samples_per_s": med([steady_samples_per_s(t["raw"]) for t in ts]),

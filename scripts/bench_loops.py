@@ -27,6 +27,12 @@ from project.models import ConvNet
 from project.schedule import warmup_cosine
 
 DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
+# Runs that report epoch figures only (template_run(whole_fit=False)) skip work that is in none of them, a third of
+# such a run's time on 2 cores (cProfile of `bench.py --smoke`, 2026-12-01): LogConfig, which has no hook inside
+# the epochs (at setup it writes config.yaml and logs it, after fit the hyperparameter record), is left out; the
+# callbacks below act during the epochs and stay, but their after-fit work (report.png) is skipped.
+NO_EPOCH_HOOKS = ("LogConfig",)
+AFTER_FIT_ONLY = ("RunReport",)
 
 
 class EpochClock(Callback):
@@ -39,8 +45,9 @@ class EpochClock(Callback):
     Only epoch hooks: a callback costs every training step a few microseconds per hook it is called for.
     """
 
-    def __init__(self, raw: "RawLoop | None" = None) -> None:
+    def __init__(self, raw: "RawLoop | None" = None, skip_after_fit: bool = False) -> None:
         self.raw = raw
+        self.skip_after_fit = skip_after_fit
         self.starts: list[float] = []  # template epoch k runs from starts[k] to ends[k]
         self.ends: list[float] = []
         self.cpu_starts: list[float] = []  # process CPU time at the same points
@@ -72,6 +79,10 @@ class EpochClock(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._close()
+        if self.skip_after_fit:
+            # The clock has stopped: the after-fit work (report.png, the hparams record) is in no epoch figure of
+            # this run, and costs seconds of bench time per run. A new list: Lightning iterates the one it read.
+            trainer.callbacks = [c for c in trainer.callbacks if type(c).__name__ not in AFTER_FIT_ONLY]
 
 
 class StepTimer(Callback):
@@ -130,6 +141,7 @@ class _BenchCLI(ProjectCLI):
     """ProjectCLI (same config, same defaults, built by build_cli) with the bench's clock attached before fit."""
 
     raw_loop: "RawLoop | None" = None  # set by template_run
+    whole_fit = True
     instrument = False
     drop: tuple[str, ...] = ()  # callback class names taken out before fit (an option's "without X")
     clock: EpochClock
@@ -138,8 +150,9 @@ class _BenchCLI(ProjectCLI):
 
     def before_fit(self) -> None:
         super().before_fit()
-        self.clock = EpochClock(self.raw_loop)
-        kept = [c for c in self.trainer.callbacks if type(c).__name__ not in self.drop]
+        self.clock = EpochClock(self.raw_loop, skip_after_fit=not self.whole_fit)
+        drop = (*self.drop, *(() if self.whole_fit else NO_EPOCH_HOOKS))
+        kept = [c for c in self.trainer.callbacks if type(c).__name__ not in drop]
         self.trainer.callbacks = [self.clock, *kept]  # first: its raw epoch runs before the template's hooks
         self.bar_seconds = None
         if self.instrument:
@@ -169,6 +182,7 @@ def template_run(
     raw: dict | None = None,
     instrument: bool = False,
     drop: tuple[str, ...] = (),
+    whole_fit: bool = True,
 ) -> dict:
     """Train as `make train` does (`python -m project fit` with configs/default.yaml through build_cli: loggers,
     metrics, checkpoints, config.yaml, progress bar), minus the final test. Returns epoch wall and CPU times,
@@ -179,7 +193,10 @@ def template_run(
     instrument: also time each step and each batch fetch ("step_seconds", "fetch_seconds"): for
         data_wait_fraction, in runs of their own since the timers slow every step; also the seconds spent in
         the progress bar's per-batch hooks ("bar_seconds").
-    drop: names of callback classes removed from the config's list (options measured as "without X")."""
+    drop: names of callback classes removed from the config's list (options measured as "without X").
+    whole_fit: False leaves out work that is in no epoch figure (NO_EPOCH_HOOKS' callbacks, AFTER_FIT_ONLY's
+        after-fit work once the clock has stopped): for runs whose figures are epochs only; "fit_seconds" then
+        misses that work."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         args = [
             "fit",
@@ -195,7 +212,7 @@ def template_run(
         ]
         sink = io.StringIO() if quiet else None
         _BenchCLI.raw_loop = RawLoop(epochs, batch_size, **raw) if raw is not None else None
-        _BenchCLI.instrument, _BenchCLI.drop = instrument, drop
+        _BenchCLI.instrument, _BenchCLI.drop, _BenchCLI.whole_fit = instrument, drop, whole_fit
         argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees the bench's own flags
         with contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
             try:
@@ -224,7 +241,7 @@ def template_run(
                 "samples_per_epoch": clock.raw.samples_per_epoch,
                 "val_acc": clock.raw.val_acc,
             }
-        _BenchCLI.raw_loop, _BenchCLI.instrument, _BenchCLI.drop = None, False, ()
+        _BenchCLI.raw_loop, _BenchCLI.instrument, _BenchCLI.drop, _BenchCLI.whole_fit = None, False, (), True
         return result
 
 
