@@ -300,7 +300,11 @@ def breakdown(paths: list[Path]) -> dict:
 
     blobs = clock("read", lambda p: open(p, "rb").read(), paths)  # noqa: SIM115 - closed by refcount
     pil = clock("decode PIL", lambda b: Image.open(io.BytesIO(b)).convert("RGB"), blobs)
-    raw = clock("decode decode_image", lambda b: decode_image(torch.frombuffer(b, dtype=torch.uint8)), blobs)
+    raw = clock(
+        "decode decode_image",
+        lambda b: decode_image(torch.frombuffer(bytearray(b), dtype=torch.uint8)),
+        blobs,
+    )
     rrc = T.RandomResizedCrop(SIZE)
     crops = clock("resize PIL (RandomResizedCrop)", rrc, pil)
     flipped = clock("augment PIL (flip)", T.RandomHorizontalFlip(), crops)
@@ -309,17 +313,21 @@ def breakdown(paths: list[Path]) -> dict:
         T.Compose([T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]),
         flipped,
     )
-    stages["collate float32 (per sample)"] = _per_sample(lambda: default_collate(floats[:BATCH]), BATCH)
+    stages["collate float32 (per sample)"] = _per_sample(
+        lambda: default_collate(floats[:BATCH]), len(floats[:BATCH])
+    )
     v2rrc = v2.RandomResizedCrop(SIZE, antialias=True)
     small = clock("resize v2 uint8 (RandomResizedCrop)", v2rrc, raw)
     small = clock("augment v2 uint8 (flip)", v2.RandomHorizontalFlip(), small)
     stages["pil_to_tensor (PIL -> uint8 CHW)"] = _per_sample(
-        lambda: [F2.pil_to_tensor(im) for im in pil[:BATCH]], BATCH
+        lambda: [F2.pil_to_tensor(im) for im in pil[:BATCH]], len(pil[:BATCH])
     )
-    stages["collate uint8 (per sample)"] = _per_sample(lambda: default_collate(small[:BATCH]), BATCH)
+    stages["collate uint8 (per sample)"] = _per_sample(
+        lambda: default_collate(small[:BATCH]), len(small[:BATCH])
+    )
     batch = default_collate(small[:BATCH])
     norm = Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    stages["normalise once per batch, CPU (per sample)"] = _per_sample(lambda: norm(batch), BATCH)
+    stages["normalise once per batch, CPU (per sample)"] = _per_sample(lambda: norm(batch), len(batch))
     return {k: round(v, 3) for k, v in stages.items()}
 
 
