@@ -99,6 +99,12 @@ COMMANDS = {
     'make train ARGS="--config mine.yaml"': "test_own_model",
     IMAGEFOLDER: "test_imagefolder",
     CIFAR10: "test_cifar10_download_needs_network",
+    "make train CONFIG=configs/sequence.yaml": "not run here: tests/test_any_dataset.py types it as shown (3 epochs) "
+    "in a fresh checkout (sequence_run) and asserts on its run",
+    "make train-ddp CONFIG=configs/sequence.yaml": "not run here: tests/test_any_dataset.py runs the fit it makes "
+    "(configs/sequence.yaml + configs/ddp.yaml, 2 CPU processes) with the DDP probe callback",
+    "python -m project test --config configs/sequence.yaml --ckpt_path runs/<run>/checkpoints/last.ckpt": "not run "
+    "here: tests/test_any_dataset.py runs the same arguments in-process on its sequence run's checkpoint",
     # README "Data that outgrows one machine": tests/test_streaming.py, against moto's S3 server on 127.0.0.1.
     "make prepare SOURCE=imagefolder ROOT=/data/pets OUTPUT=/data/pets-stream IMAGE_SIZE=64": "not run here: "
     "tests/test_streaming.py runs the command it prints in-process on a folder it writes (re-runs included)",
