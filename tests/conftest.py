@@ -52,13 +52,13 @@ LONGEST_FIRST = (
     "test_sweep.py",  # ~135
     "test_readme.py",  # ~95
     "test_ddp.py",  # ~75
-    "test_resume_kill.py",  # ~70
     "test_streaming.py",  # ~60 CPU s (one training process, moto's server, in-process prepares and a fit)
     "test_streaming_ddp.py",  # ~60 CPU s (three 2-rank runs, the ranks forked from pytest, and a prepare)
     "test_bench.py",  # ~55
     "test_gpu_check.py",  # ~50
     "test_any_dataset.py",  # ~60 (one README launch, one 2-process launch, 3 in-process fits)
     "test_cli.py",  # ~35
+    "test_resume_kill.py",  # ~48 CPU s at load 15-20 (3 kill -9s; the runs are forks of pytest, no imports)
     "test_bench_data.py",  # ~30 CPU s (in-process: a prepare, 3 short fits, the decode bench on 8 images)
     "test_ddp_slurm.py",  # ~25
 )
