@@ -287,3 +287,35 @@ def test_two_processes_shard_the_dataset(tmp_path):
         a, b = r0[stage][-1], r1[stage][-1]
         assert sorted(a["indices"] + b["indices"]) == list(range(size))
         assert a["counted"] + b["counted"] == size
+
+
+MY_DATA = """
+from project.data.sequences import DigitPixelSequences, pad_collate
+
+
+class Wider(DigitPixelSequences):
+    in_channels = 5  # what the CLI must pass to the model
+
+
+class Pad:
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def __call__(self, batch):
+        return pad_collate(batch)
+"""
+
+
+@pytest.mark.claim("any-dataset-num-classes")
+def test_collate_fn_by_class_path_and_linked_in_channels(in_tmp, monkeypatch):
+    from project.cli import build_cli
+
+    (in_tmp / "my_data.py").write_text(MY_DATA)
+    monkeypatch.syspath_prepend(str(in_tmp))
+    overlay = "data: {init_args: {train: {class_path: my_data.Wider}, collate_fn: {class_path: my_data.Pad, "
+    (in_tmp / "mine.yaml").write_text(overlay + "init_args: {scale: 2.0}}}}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # LightningCLI's note about args given in-process
+        cli = build_cli(["--config", str(CONFIGS / "sequence.yaml"), "--config", "mine.yaml"], run=False)
+    assert type(cli.datamodule.collate_fn).__name__ == "Pad" and cli.datamodule.collate_fn.scale == 2.0
+    assert cli.model.num_classes == 10 and cli.model.model.embed[0].in_features == 5
