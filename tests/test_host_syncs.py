@@ -15,6 +15,8 @@ except two kinds, where host reads are allowed:
   than this run has; GracefulStop reads nothing in one process).
 """
 
+import os
+
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -131,3 +133,6 @@ def test_no_host_sync_in_steady_state_steps(in_tmp):
     # ... and answered the loop's two per-batch questions once (instance attributes over Lightning's methods).
     assert "get_instance" in vars(trainer._data_connector._datahook_selector)
     assert "_build_kwargs" in vars(trainer.fit_loop.epoch_loop)
+    assert (
+        os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1"
+    )  # set by importing Lightning, undone at setup

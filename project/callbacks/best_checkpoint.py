@@ -71,8 +71,9 @@ class BestModelCheckpoint(ModelCheckpoint):
         self._save_last_epoch_end(trainer, at_train_epoch_end=True)
 
     def _save_last_epoch_end(self, trainer: "L.Trainer", at_train_epoch_end: bool) -> None:
-        """`last` at the epoch end where ModelCheckpoint saves (after validation, or at the training epoch's end
-        without one) when the parent wrote nothing at this step (no new top-k file)."""
+        """`last` at the epoch end where ModelCheckpoint saves (by default on_train_epoch_end, which runs after the
+        epoch's validation; after validation when it runs several times an epoch) when the parent wrote nothing
+        at this step (no new top-k file)."""
         if not self.save_last or self._should_skip_saving_checkpoint(trainer):
             return  # skip: also when a file was already written at this step (then `last` was too)
         if self._should_save_on_train_epoch_end(trainer) != at_train_epoch_end:

@@ -1,5 +1,6 @@
 """LeanHooks: per-batch hooks that a callback does not implement are not called at all."""
 
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -48,6 +49,14 @@ class LeanHooks(Callback):
     Both replace private Lightning methods on the instances, only where the classes are the ones this was
     written against (lightning 2.6, pinned below 2.7 in pyproject.toml); otherwise nothing is replaced.
 
+    And one environment variable: importing Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1, which makes every
+    `torch.cuda.is_available()` load the NVML library through ctypes (~106 us CPU a call on this 2-core AMD EPYC
+    without a GPU; 1 us with the CUDA runtime's cached answer), and torch's Adam/AdamW call it in every `step()`
+    (their graph-capture check): the fused AdamW step on 10 parameters took 374 instead of 120 us CPU
+    (2026-12-01, load 7). Lightning sets it so that a check before a fork does not initialise CUDA in the parent
+    (fork-started DDP, notebooks); by setup every process has been started and, on a GPU, has initialised CUDA
+    already, so from here on the runtime's answer (the same one) is used: `runtime_cuda_check`.
+
     Why not a stock feature: Lightning has no switch for this; its profilers only add to the cost.
     It acts on the callbacks present at setup; callbacks added to `trainer.callbacks` later keep every hook.
     """
@@ -58,6 +67,7 @@ class LeanHooks(Callback):
         if stage == "fit":
             cache_batch_hook_owners(trainer)
             cache_training_step_kwargs(trainer, pl_module)
+            runtime_cuda_check()
         # A new list (Lightning iterates the one it read): removing from it during a hook would skip a callback.
         trainer.callbacks = [c for c in trainer.callbacks if c is not self]
 
@@ -105,3 +115,10 @@ def cache_training_step_kwargs(trainer: "L.Trainer", pl_module: "L.LightningModu
 
     loop._build_kwargs = build_kwargs
     return True
+
+
+def runtime_cuda_check() -> None:
+    """Let `torch.cuda.is_available()` use the CUDA runtime's cached answer instead of loading NVML at each call
+    (LeanHooks' docstring): undo the PYTORCH_NVML_BASED_CUDA_CHECK=1 that importing Lightning set."""
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1":
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "0"

@@ -14,8 +14,8 @@ class StepCheckpoint(ModelCheckpoint):
     epoch-end checkpoint follows a moment later anyway, so that one batch is skipped.
 
     Without an epoch trigger (`every_n_epochs: 0`, as configs/default.yaml sets it: BestModelCheckpoint writes
-    the epoch-end `last`) its after-validation hook would only deep-copy the logged metrics and return, so it
-    returns at once; `state_key` (a repr built at each hook call, once per training step here) is computed once.
+    the epoch-end `last`) its epoch-end hooks would only deep-copy the logged metrics and return, so they return
+    at once; `state_key` (a repr built at each hook call, once per training step here) is computed once.
     """
 
     @property
@@ -34,9 +34,15 @@ class StepCheckpoint(ModelCheckpoint):
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
+    def _epoch_end_saves_nothing(self) -> bool:
+        # ModelCheckpoint saves at an epoch end on an epoch trigger, or to finish a step/time save it deferred for
+        # a missing monitored metric; with neither it only deep-copies the logged metrics and returns.
+        return self._every_n_epochs < 1 and not self._defer_save_until_validation
+
+    def on_train_epoch_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        if not self._epoch_end_saves_nothing():
+            super().on_train_epoch_end(trainer, pl_module)
+
     def on_validation_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
-        # ModelCheckpoint saves here on an epoch trigger, or to finish a step/time save it deferred for a missing
-        # monitored metric; with neither it saves nothing.
-        if self._every_n_epochs < 1 and not self._defer_save_until_validation:
-            return
-        super().on_validation_end(trainer, pl_module)
+        if not self._epoch_end_saves_nothing():
+            super().on_validation_end(trainer, pl_module)
