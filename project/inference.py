@@ -89,7 +89,7 @@ def not_image_checkpoint(path: str | os.PathLike, dataset: str) -> str:
         f"config you trained with, e.g. configs/sequence.yaml> --ckpt_path {path}. To run it on your own inputs, "
         f"load it in Python: module = project.inference.build_model(project.checkpoint.read_checkpoint(p), p) "
         "with p the checkpoint path, then module(inputs) with inputs as your collate_fn makes them (README "
-        "\"Any Dataset\")."
+        '"Any Dataset").'
     )
 
 

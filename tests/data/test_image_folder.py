@@ -26,7 +26,9 @@ def test_image_folder_carves_val_and_test_from_train(tmp_path):
     dm.setup("fit")
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (28, 4, 8)
     batch = next(iter(dm.train_dataloader()))
-    assert batch[0].shape == (4, 3, 10, 12) and batch[0].dtype == torch.uint8  # pixels: cropped, not normalised
+    assert (
+        batch[0].shape == (4, 3, 10, 12) and batch[0].dtype == torch.uint8
+    )  # pixels: cropped, not normalised
     x, y = dm.on_after_batch_transfer(batch, 0)  # normalised once per batch (project/data/normalize.py)
     assert x.shape == (4, 3, 10, 12) and x.dtype == torch.float32
     assert dm.state_dict()["class_names"] == ["cat", "dog"]
