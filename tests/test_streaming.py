@@ -22,7 +22,7 @@ import torch
 
 from project.__main__ import main as project_main
 from project.errors import ConfigError
-from tests.conftest import LAUNCH_TIMEOUT, launch, user_checkout
+from tests.conftest import LAUNCH_TIMEOUT, launch, user_checkout, user_environment
 from tests.test_readme import ONE_EPOCH, check_run, make_argv, readme_command, write_images
 
 pytestmark = pytest.mark.slow
@@ -85,7 +85,12 @@ def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
     pets = write_images(tmp_path / "pets")
     argv = make_argv(readme_command(PREPARE_S3).replace("/data/pets", str(pets)))
     printed = subprocess.run(
-        ["make", "-n", *argv[1:]], cwd=checkout, capture_output=True, text=True, check=True
+        ["make", "-n", *argv[1:]],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=user_environment(),  # not `make test`'s MAKEFLAGS (its ARGS would reach this make)
     )
     python, *command = shlex.split(printed.stdout.strip().splitlines()[-1])
     assert command[:3] == ["-m", "project", "prepare"], printed.stdout
