@@ -215,7 +215,9 @@ class ClassificationModule(L.LightningModule):
 
     def configure_optimizers(self):
         world_size = self._trainer.world_size if self._trainer is not None else 1
-        optimizer = build_optimizer(self.optimizer, self.param_groups())
+        optimizer = build_optimizer(
+            self.optimizer, self.param_groups(), allow_fused=not clips_under_amp(self._trainer)
+        )
         scale = self.lr_scale(world_size)
         if scale != 1:  # before the scheduler records each group's peak (initial_lr)
             for group in optimizer.param_groups:
@@ -249,22 +251,45 @@ class ClassificationModule(L.LightningModule):
                 config.scheduler.start(int(self.trainer.estimated_stepping_batches), self.trainer.max_epochs)
 
 
-def build_optimizer(optimizer: OptimizerCallable, groups: list[dict]) -> Optimizer:
+def build_optimizer(optimizer: OptimizerCallable, groups: list[dict], allow_fused: bool = True) -> Optimizer:
     """`optimizer(groups)`; Adam/AdamW with `fused` unset are rebuilt with fused=True where every parameter allows.
 
     One kernel for all parameters instead of a loop over them: the same update, and on the digits ConvNet
     (2 CPU cores) the optimizer step took 0.34 ms instead of 1.1 ms, ~5% of a training step (`make bench`).
-    Other devices (MPS, XLA) keep the default implementation.
+    Other devices (MPS, XLA) keep the default implementation, and so does `allow_fused=False` (gradient clipping
+    under mixed precision: see `clips_under_amp`).
     """
     built = optimizer([dict(g) for g in groups])  # copies: an optimizer fills its defaults into the dicts
     d = built.defaults
-    if type(built) not in (torch.optim.Adam, torch.optim.AdamW) or d.get("fused") is not None:
+    if (
+        not allow_fused
+        or type(built) not in (torch.optim.Adam, torch.optim.AdamW)
+        or d.get("fused") is not None
+    ):
         return built
     if d.get("foreach") or d.get("differentiable") or not fused_supported(built.param_groups):
         return built
     accepted = inspect.signature(type(built)).parameters
     kwargs = {k: v for k, v in d.items() if k in accepted and k != "fused"}
     return type(built)([dict(g) for g in groups], **kwargs, fused=True)
+
+
+def clips_under_amp(trainer: "L.Trainer | None") -> bool:
+    """Whether the Trainer clips gradients under mixed precision (`gradient_clip_val` with 16-mixed/bf16-mixed).
+
+    Lightning's MixedPrecision plugin refuses to clip for an optimizer that unscales gradients inside its step,
+    as fused Adam/AdamW do ("does not allow for gradient clipping"): bf16-mixed is the default on GPUs, so
+    `--trainer.gradient_clip_val 1.0` there crashed at the first step. Such runs keep torch's default (foreach)
+    AdamW instead; the NaN guard then checks the loss on the host (project/callbacks/nonfinite_loss.py).
+    An explicit `fused: true` is left as configured, and Lightning's error names it.
+    """
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    return (
+        trainer is not None
+        and bool(trainer.gradient_clip_val)
+        and isinstance(trainer.precision_plugin, MixedPrecision)
+    )
 
 
 def fused_supported(groups: list[dict]) -> bool:

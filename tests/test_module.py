@@ -128,6 +128,28 @@ def test_adamw_uses_the_fused_kernel_where_torch_has_one():
     assert plain.configure_optimizers()["optimizer"].defaults["fused"] is False
 
 
+@pytest.mark.claim("clip-under-amp")
+def test_gradient_clipping_under_mixed_precision_trains(tmp_path):
+    """bf16-mixed (the GPU default) + gradient_clip_val: Lightning refuses to clip for a fused AdamW, so such a run
+    gets torch's default AdamW and trains; without clipping the fused kernel stays. bf16 autocast runs on CPU too."""
+    data = DataLoader(TensorDataset(torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))), batch_size=8)
+    for clip, fused in ((1.0, None), (None, True)):
+        module = make_module()
+        trainer = L.Trainer(
+            max_epochs=1,
+            precision="bf16-mixed",
+            gradient_clip_val=clip,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(module, data)  # fused + clipping raised "does not allow for gradient clipping" here
+        assert trainer.global_step == 2
+        assert trainer.optimizers[0].defaults["fused"] is fused
+
+
 @pytest.mark.claim("ddp-lr-scaling")
 def test_lr_scaling_linear_scales_every_group_of_any_optimizer():
     """lr_scaling: linear multiplies each group's lr (the schedule's peak, initial_lr) by the world size."""
