@@ -219,3 +219,40 @@ def test_sigterm_is_ours_alone_once_training_runs(tmp_path):
     assert exit_.value.code == 143 and not trainer.received_sigterm
     # Validation of epoch 0 finished; the first step of epoch 1 ran, then last.ckpt was saved.
     assert torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=False)["global_step"] == 4
+
+
+@pytest.mark.claim("ddp-timed-save-no-per-step-collective")
+def test_timed_saves_compare_the_clock_every_ten_steps_under_ddp():
+    """StepCheckpoint's train_time_interval (configs/default.yaml: 30 min) under DDP: Lightning broadcasts rank 0's
+    decision at every step; here it does so every 10 steps, at the same steps on every rank, and one process (no
+    collective) still reads the clock every step."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from project.callbacks import StepCheckpoint
+
+    def broadcasts(world_size: int) -> list[int]:
+        seen: list[int] = []
+        callback = StepCheckpoint(
+            save_top_k=0, save_last=True, every_n_epochs=0, train_time_interval=timedelta(minutes=30)
+        )
+        trainer = SimpleNamespace(
+            world_size=world_size,
+            num_training_batches=100,
+            global_step=0,
+            fast_dev_run=False,
+            sanity_checking=False,
+            state=SimpleNamespace(fn=TrainerFn.FITTING),
+            strategy=SimpleNamespace(broadcast=lambda obj: seen.append(trainer.global_step) or obj),
+        )
+        module = SimpleNamespace(automatic_optimization=True)
+        callback.on_train_start(trainer, module)
+        for batch_idx in range(40):
+            trainer.global_step = batch_idx + 1
+            callback.on_train_batch_end(trainer, module, None, None, batch_idx)
+        return seen
+
+    assert broadcasts(2) == [10, 20, 30, 40]
+    assert broadcasts(1) == list(range(1, 41))  # single process: Lightning's broadcast is a no-op, per step
