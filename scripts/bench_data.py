@@ -104,6 +104,9 @@ def one_run(name: str, p: dict, stream_dir: Path) -> dict:
         "train_samples_per_s": run["samples_per_epoch"] * epochs / max(1e-9, train),
         "epoch_samples_per_s": run["samples_per_epoch"] / statistics.median(run["epoch_seconds"][steady]),
         "data_wait_fraction": run["fetch_seconds"] / max(1e-9, run["fetch_seconds"] + run["step_seconds"]),
+        # the same without each epoch's first fetch (the loader's per-epoch start), which a long epoch amortises
+        "data_wait_fraction_after_first_batch": (run["fetch_seconds"] - run["first_fetch_seconds"])
+        / max(1e-9, run["fetch_seconds"] - run["first_fetch_seconds"] + run["step_seconds"]),
         # training CPU of this process per sample (epoch CPU x training share of the epoch's wall time)
         "train_cpu_ms_per_sample": sum(
             c * t / max(1e-9, e)
@@ -132,7 +135,8 @@ def streaming_read_cpu_ms(stream_dir: Path, epochs: int, limit: int | None) -> f
     from litdata import StreamingDataLoader, StreamingDataset
 
     loader = StreamingDataLoader(
-        StreamingDataset(str(stream_dir / "train"), shuffle=True, drop_last=True),
+        # batch_decode=1 as StreamingDataModule reads (project/data/streaming.py)
+        StreamingDataset(str(stream_dir / "train"), shuffle=True, drop_last=True, batch_decode=1),
         batch_size=64,
         drop_last=True,
     )
@@ -156,7 +160,13 @@ def bench_paths(p: dict, out: Path) -> dict:
         reads.append(streaming_read_cpu_ms(stream_dir, p["epochs"] - 1, limit))
     result = {}
     for name in PATHS:
-        keys = ("train_samples_per_s", "epoch_samples_per_s", "data_wait_fraction", "warmup_epoch_seconds")
+        keys = (
+            "train_samples_per_s",
+            "epoch_samples_per_s",
+            "data_wait_fraction",
+            "data_wait_fraction_after_first_batch",
+            "warmup_epoch_seconds",
+        )
         result[name] = {k: med([r[k] for r in runs[name]]) for k in keys}
         result[name]["samples_per_epoch"] = runs[name][0]["samples_per_epoch"]
         result[name]["loader_workers"] = loader_workers(name, stream_dir)
@@ -205,14 +215,16 @@ def table(res: dict) -> str:
 
 def paths_table(paths: dict) -> list[str]:
     rows = [
-        "| path | loader workers | train samples/s (× in-memory) | epoch samples/s | data_wait_fraction |"
+        "| path | loader workers | train samples/s (× in-memory) | epoch samples/s | data_wait_fraction "
+        "| without each epoch's first batch |"
     ]
-    rows.append("|---|---|---|---|---|")
+    rows.append("|---|---|---|---|---|---|")
     for name in PATHS:
         r = paths[name]
         rows.append(
             f"| {name} | {r['loader_workers']} | {r['train_samples_per_s']:.0f} (×{r['train_speed_vs_in_memory']}) "
-            f"| {r['epoch_samples_per_s']:.0f} | {r['data_wait_fraction']:.4f} |"
+            f"| {r['epoch_samples_per_s']:.0f} | {r['data_wait_fraction']:.4f} "
+            f"| {r['data_wait_fraction_after_first_batch']:.4f} |"
         )
     target = "met" if paths["streaming_data_wait_below_target"] else "NOT met"
     return [

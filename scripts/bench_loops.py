@@ -105,6 +105,8 @@ class FetchTimer(Profiler):
     def __init__(self, clock: EpochClock) -> None:
         super().__init__()
         self.clock, self.seconds, self._t = clock, 0.0, 0.0
+        # The part of `seconds` spent on each epoch's first fetch (a loader's per-epoch start: workers, shuffle).
+        self.first_seconds, self._epoch = 0.0, 0
 
     def start(self, action_name: str) -> None:
         if action_name.endswith("train_dataloader_next"):
@@ -112,7 +114,11 @@ class FetchTimer(Profiler):
 
     def stop(self, action_name: str) -> None:
         if action_name.endswith("train_dataloader_next") and len(self.clock.starts) > 1:
-            self.seconds += time.perf_counter() - self._t
+            took = time.perf_counter() - self._t
+            self.seconds += took
+            if self._epoch != len(self.clock.starts):
+                self._epoch = len(self.clock.starts)
+                self.first_seconds += took
 
     def summary(self) -> str:
         return ""
@@ -232,6 +238,7 @@ def template_run(
         }
         if instrument:
             result["fetch_seconds"], result["step_seconds"] = cli.fetch.seconds, cli.steps.step_seconds
+            result["first_fetch_seconds"] = cli.fetch.first_seconds
             result["bar_seconds"] = cli.bar_seconds[0] if cli.bar_seconds is not None else 0.0
         if clock.raw is not None:
             result["raw"] = {

@@ -13,6 +13,7 @@ PATH_KEYS = (
     "train_samples_per_s",
     "epoch_samples_per_s",
     "data_wait_fraction",
+    "data_wait_fraction_after_first_batch",
     "warmup_epoch_seconds",
     "samples_per_epoch",
     "loader_workers",

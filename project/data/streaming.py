@@ -153,6 +153,10 @@ class StreamingDataModule(L.LightningDataModule):
                 drop_last=train,
                 # the same on every rank (the shards are disjoint); litdata seeds numpy's RandomState, < 2**32
                 seed=run_seed() % 2**32,
+                # Deserialize the requested sample only. litdata's "auto" picks a window of 32 rows for small
+                # uint8 tensors, and with the in-chunk shuffle (blocks of 256) nearly every read decoded a new
+                # window for one row: 0.47 CPU ms per digits sample instead of 0.024 (AMD EPYC, 2026-12-01).
+                batch_decode=1,
                 **kwargs,
             )
         finally:
