@@ -1,23 +1,26 @@
-"""Data: one LightningDataModule over three sources (embedded digits, ImageFolder, torchvision datasets).
+"""Data: three LightningDataModules, each named by `data.class_path` in the config.
 
-The data modules are imported on first use (PEP 562), so predict and export can use project/data/normalize.py
-without importing Lightning.
+- ImageClassificationDataModule (project/data/datamodule.py): the embedded digits, an ImageFolder, torchvision's
+  CIFAR10 / MNIST / FashionMNIST files.
+- DatasetDataModule (project/data/dataset_module.py): any map-style Dataset and its collate_fn.
+- StreamingDataModule (project/data/streaming.py): litdata chunks written by `python -m project prepare`.
+
+They are imported on first use (PEP 562), so predict and export can use project/data/normalize.py without
+importing Lightning.
 """
 
-__all__ = ["DatasetDataModule", "ImageClassificationDataModule", "StreamingDataModule"]
+import importlib
+
+_MODULES = {
+    "ImageClassificationDataModule": "project.data.datamodule",
+    "DatasetDataModule": "project.data.dataset_module",
+    "StreamingDataModule": "project.data.streaming",
+}
+
+__all__ = sorted(_MODULES)
 
 
 def __getattr__(name: str):
-    if name == "ImageClassificationDataModule":
-        from project.data.datamodule import ImageClassificationDataModule
-
-        return ImageClassificationDataModule
-    if name == "DatasetDataModule":
-        from project.data.dataset_module import DatasetDataModule
-
-        return DatasetDataModule
-    if name == "StreamingDataModule":
-        from project.data.streaming import StreamingDataModule
-
-        return StreamingDataModule
+    if name in _MODULES:
+        return getattr(importlib.import_module(_MODULES[name]), name)
     raise AttributeError(f"module 'project.data' has no attribute '{name}'")
