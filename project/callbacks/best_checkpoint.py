@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+from functools import cached_property
 from typing import Any
 
 import lightning as L
@@ -46,14 +47,11 @@ class BestModelCheckpoint(ModelCheckpoint):
         self.best_k_metrics: dict[str, dict[str, float]] = {}  # checkpoint path -> its val/* metrics
         self._pending: dict[str, float] | None = None
 
-    @property
+    @cached_property
     def state_key(self) -> str:
-        # The same string as ModelCheckpoint's (checkpoints key this callback's state by it), built once: its
-        # arguments are fixed after __init__.
-        key = self.__dict__.get("_cached_state_key")
-        if key is None:
-            key = self.__dict__["_cached_state_key"] = super().state_key
-        return key
+        # ModelCheckpoint's string (checkpoints key this callback's state by it), built once: its arguments are
+        # fixed after __init__.
+        return super().state_key
 
     def setup(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
         super().setup(trainer, pl_module, stage)

@@ -1,5 +1,7 @@
 """StepCheckpoint: ModelCheckpoint for mid-epoch `last` saves that skips an epoch's last batch."""
 
+from functools import cached_property
+
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -26,14 +28,11 @@ class StepCheckpoint(ModelCheckpoint):
 
     time_check_every_n_steps = 10  # as GracefulStop's agreement under DDP
 
-    @property
+    @cached_property
     def state_key(self) -> str:
-        # The same string as ModelCheckpoint's (checkpoints key this callback's state by it); its arguments are
+        # ModelCheckpoint's string (checkpoints key this callback's state by it), built once: its arguments are
         # fixed after __init__.
-        key = self.__dict__.get("_cached_state_key")
-        if key is None:
-            key = self.__dict__["_cached_state_key"] = super().state_key
-        return key
+        return super().state_key
 
     def on_train_batch_end(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
