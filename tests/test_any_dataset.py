@@ -19,7 +19,8 @@ import yaml
 from torch import nn
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from project.data.dataset_module import DatasetDataModule, RankShard
+from project.data.dataset_module import DatasetDataModule
+from project.data.rank_shard import RankShard
 from project.data.sequences import DigitPixelSequences, pad_collate
 from project.errors import ConfigError
 from tests.conftest import CONFIGS, QUIET, REPO, launch, make_argv, read_summary, run_cli, user_checkout

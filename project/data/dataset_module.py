@@ -7,8 +7,9 @@ normalisation statistics, channels_last, the report's image panels, predict and 
 with a message for such data.
 
 Loaders: training through ResumableDataLoader (shuffled by (seed, epoch), drop_last, exact mid-epoch resume),
-sharded per rank under DDP into equal, disjoint slices of each epoch's order; validation and test in order, every
-sample seen once across the ranks (UnrepeatedDistributedSampler), as in project/data/datamodule.py.
+sharded per rank under DDP into equal, disjoint slices of each epoch's order (RankShard, rank_shard.py);
+validation and test in order, every sample seen once across the ranks (UnrepeatedDistributedSampler), as in
+project/data/datamodule.py.
 """
 
 import copy
@@ -20,27 +21,15 @@ import lightning as L
 import torch
 from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
-from project.data.epoch_sampler import EpochSampler
+from project.data.rank_shard import RankShard
 from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import stratified_split
 from project.data.validate import check_batch_size, check_labels, check_split_sizes
 from project.data.workers import default_num_workers
 from project.errors import ConfigError
 from project.rng import run_seed
-
-
-class RankShard(EpochSampler, DistributedSampler):
-    """EpochSampler's slice of one rank, typed as a DistributedSampler: Lightning then keeps it as it is.
-
-    Lightning replaces any other sampler of a DDP training loader with its DistributedSamplerWrapper, which pads
-    the last shard with repeated samples and cannot start mid-epoch. This one gives every rank an equal, disjoint
-    slice of the epoch's permutation (the remainder is left out that epoch) and can skip into it on resume.
-    """
-
-    def __init__(self, n: int, seed: int, rank: int, world_size: int) -> None:
-        EpochSampler.__init__(self, n, shuffle=True, seed=seed, rank=rank, world_size=world_size)
 
 
 class DatasetDataModule(L.LightningDataModule):

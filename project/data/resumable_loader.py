@@ -8,7 +8,8 @@ subclass provides them (the in-memory loader has the same two methods).
 Why not a stock loader: torchdata's StatefulDataLoader has the same two methods, but it is another package (not
 among this template's dependencies) for what is one integer here, since the order is EpochSampler's, the sampler
 the in-memory loader uses too. Lightning's DistributedSampler injection orders by seed + epoch, but only under DDP
-and only from the start of an epoch.
+and only from the start of an epoch; under DDP the data modules pass a RankShard instead (rank_shard.py), an
+EpochSampler slice per rank that Lightning keeps as it is.
 
 How the position is exact:
 - The order of epoch `e` is EpochSampler's permutation seeded by (seed, e): a function of (seed, epoch)
@@ -16,12 +17,17 @@ How the position is exact:
 - `state_dict()` records the epoch and the number of batches this loader has *handed out* in it. Lightning
   does not prefetch from loaders with a length, so at a checkpoint (on_train_batch_end) that is exactly the
   number of batches trained on. A resumed iterator skips that many batches' indices without loading them.
+- Under DDP every rank's sampler is a RankShard: its slice of the same (seed, epoch) permutation, and the ranks
+  run in lockstep, so rank 0's position (the one saved) is every rank's, and each rank skips as many batches
+  into its own slice. A resume with another world size or batch size would slice or batch the epoch
+  differently: `load_state_dict` refuses it, as the in-memory loader does.
 - Worker processes (num_workers > 0) draw their base seed from `self.generator`, which is re-seeded per epoch,
   so worker augmentation is the same after an epoch-boundary resume. Mid-epoch with workers, the batch that
   follows a resume is the same sample set, but its random augmentation differs (each worker's RNG has
   consumed a different number of draws); with num_workers=0 augmentation uses the global torch RNG, which
   RNGState restores, so mid-epoch resume is exact.
-- Under DDP, Lightning wraps the sampler in its DistributedSamplerWrapper, which cannot start mid-epoch: after a
+- A sampler that is not an EpochSampler (Lightning re-creating the loader with its DistributedSamplerWrapper
+  when the loader is given a plain sampler under DDP, or `overfit_batches`) cannot start mid-epoch: after a
   mid-epoch resume there, the rest of the interrupted epoch is drawn from the start of that epoch's order.
 """
 
@@ -44,9 +50,11 @@ class ResumableDataLoader(DataLoader):
         dataset: a map-style dataset.
         batch_size: samples per batch.
         seed: data-order seed (the run's seed); the order of epoch e depends on (seed, e) only.
-        **kwargs: the remaining DataLoader arguments (num_workers, pin_memory, ...). `shuffle`, `sampler`
-            and `drop_last` are fixed here; a `sampler` passed in (Lightning re-creating the loader,
-            e.g. with a DistributedSampler) is kept, and then mid-epoch skipping is disabled.
+        sampler: None = the whole epoch's EpochSampler (one process); a RankShard under DDP (this rank's slice,
+            skips like an EpochSampler); any other sampler (Lightning re-creating the loader, e.g. with its
+            DistributedSamplerWrapper) is kept, and then mid-epoch skipping is disabled.
+        **kwargs: the remaining DataLoader arguments (num_workers, pin_memory, ...). `shuffle` and `drop_last`
+            are fixed here.
     """
 
     def __init__(
@@ -86,8 +94,26 @@ class ResumableDataLoader(DataLoader):
             self._batches += 1
             yield batch
 
+    def _world_size(self) -> int:
+        sampler = self.sampler  # a RankShard or EpochSampler; a DistributedSampler(Wrapper) has num_replicas
+        return getattr(sampler, "world_size", getattr(sampler, "num_replicas", 1))
+
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batches": self._batches, "seed": self.seed}
+        return {
+            "epoch": self.epoch,
+            "batches": self._batches,
+            "seed": self.seed,
+            "world_size": self._world_size(),
+            "batch_size": self.batch_size,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        # Checkpoints written before these two keys existed carry neither: nothing to compare then.
+        saved = (state.get("world_size", self._world_size()), state.get("batch_size", self.batch_size))
+        if saved != (self._world_size(), self.batch_size):
+            raise ValueError(
+                f"This checkpoint's loader ran with world_size={saved[0]} and batch_size={saved[1]}, now "
+                f"{self._world_size()} and {self.batch_size}: the rest of its epoch cannot be reproduced. Resume "
+                "with the same devices and --data.init_args.batch_size."
+            )
         self._resume = dict(state)
