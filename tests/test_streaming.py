@@ -269,3 +269,44 @@ def test_prepare_rerun(tmp_path, local, capsys):
     with pytest.raises(ConfigError, match="not written by `python -m project prepare`"):
         prepare_local(pets, foreign)
     assert os.listdir(foreign / "train") == ["mine.txt"]
+
+
+@pytest.mark.claim("stream-small-batches-in-blocks")
+def test_block_loader_same_samples_and_exact_resume(local):
+    """Batches handed out from blocks of 3 (project/data/stream_loader.py): the same samples per epoch as single
+    batches, and a state taken after any batch (in the epoch's first block, in the middle of a later one, at a
+    block's end) resumes with exactly the batches that followed, then the same next epoch."""
+    from litdata import StreamingDataset
+
+    from project.data.stream_loader import BlockLoader, batches_per_block
+
+    _, out = local
+
+    def loader(k: int) -> BlockLoader:
+        ds = StreamingDataset(str(out / "train"), shuffle=True, drop_last=True, seed=0, batch_decode=1)
+        return BlockLoader(ds, batch_size=8, batches_per_block=k, num_workers=0, drop_last=True)
+
+    def keys(batches) -> list[list[tuple]]:
+        return [[_key(p, y) for p, y in zip(b["image"], b["label"].tolist())] for b in batches]
+
+    # 72 samples, batches of 8 (98 KB): blocks of 16 samples would keep 64 (drop_last to whole blocks), so k = 1.
+    # Batches of 3 (37 KB): blocks of 4 batches keep all 72; 8 would be 295 KB, over BLOCK_BYTES (256 KB).
+    ds = StreamingDataset(str(out / "train"), shuffle=True, drop_last=True, seed=0)
+    assert batches_per_block(ds, 1, 8, 8 * (3 * 64 * 64 + 8)) == 1
+    assert batches_per_block(ds, 1, 3, 3 * (3 * 64 * 64 + 8)) == 4
+    assert batches_per_block(ds, 0, 3, 100) == 1  # no worker: nothing to save
+
+    ref = loader(3)
+    assert len(ref) == 9
+    epochs = [keys(ref) for _ in range(2)]
+    assert [len(b) for b in epochs[0]] == [8] * 9 and epochs[0] != epochs[1]
+    assert Counter(sum(epochs[0], [])) == Counter(sum(epochs[1], [])) == stored(out, "train")
+    for p in (2, 4, 6):  # in the first block, mid second block, at the second block's end
+        a = loader(3)
+        it = iter(a)
+        head = keys([next(it) for _ in range(p)])
+        state = a.state_dict()
+        b = loader(3)
+        b.load_state_dict(state)
+        assert head + keys(b) == epochs[0], p
+        assert keys(b) == epochs[1], p

@@ -28,6 +28,7 @@ import os
 import warnings
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -129,7 +130,9 @@ class StreamingDataModule(L.LightningDataModule):
         return self.trainer.world_size if self.trainer is not None else 1
 
     def _loader(self, split: str, train: bool):
-        from litdata import StreamingDataLoader, StreamingDataset
+        from litdata import StreamingDataset
+
+        from project.data.stream_loader import BlockLoader, batches_per_block
 
         hp = self.hparams
         if "://" in self.input_dir:
@@ -161,9 +164,13 @@ class StreamingDataModule(L.LightningDataModule):
             )
         finally:
             log.setLevel(level)
-        return StreamingDataLoader(
+        # Small training batches leave the workers in blocks of k (project/data/stream_loader.py).
+        batch_bytes = hp.batch_size * (int(np.prod(self.input_shape)) + 8)  # uint8 images, int64 labels
+        k = batches_per_block(dataset, workers, hp.batch_size, batch_bytes) if train else 1
+        return BlockLoader(
             dataset,
             batch_size=hp.batch_size,
+            batches_per_block=k,
             num_workers=workers,
             pin_memory=pin,  # Lightning copies pinned batches to the GPU with non_blocking=True
             drop_last=train,
