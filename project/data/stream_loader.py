@@ -88,21 +88,30 @@ class BlockLoader(StreamingDataLoader):
         self._before: dict | None = None  # litdata's state before the current block (None: the epoch's start)
         self._skip = 0  # batches of the first block to leave out after load_state_dict
         self._loaded: dict | None = None  # the litdata state load_state_dict restored (mid-epoch)
+        self._handed_out = False  # the current epoch's last batch has been handed out
 
     def __len__(self) -> int:
         return super().__len__() * self.batches_per_block
 
     def __iter__(self):
-        k, b = self.batches_per_block, self.batch_size_out
-        if k == 1:
-            yield from super().__iter__()
-            return
+        if self._handed_out:
+            # Lightning takes len(self) batches and never exhausts the generator, so litdata's own end-of-epoch code
+            # does not run: after a resumed epoch its `restore` stays on, and with no worker process the next epoch
+            # would replay the restored state instead of starting (an empty epoch: litdata 0.2.76).
+            self.restore = False
+        self._handed_out = False
+        k, b, blocks = self.batches_per_block, self.batch_size_out, super().__len__()
         skip, self._skip = self._skip, 0
         self._done, self._before, self._loaded = 0, self._loaded, None
         for block in super().__iter__():
+            last = self._num_samples_yielded_streaming >= blocks * self.batch_size  # the epoch's last block
+            if k == 1:
+                self._handed_out = last
+                yield block
+                continue
             block = tree_map_only(np.ndarray, torch.from_numpy, block)
             for i in range(skip, k):
-                self._done = i + 1
+                self._done, self._handed_out = i + 1, last and i == k - 1
                 yield tree_map_only(Tensor, lambda t, i=i: t[i * b : (i + 1) * b], block)
             skip = 0
             self._before = super().state_dict()  # after this block = before the next
@@ -121,6 +130,7 @@ class BlockLoader(StreamingDataLoader):
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         obj = dict(obj)
+        self._handed_out = False
         self._skip = obj.pop("block_batches_done", 0)
         if obj.pop("epoch_start", False):
             # A fresh start of that epoch: iter() counts it (current_epoch + 1) and reads litdata's (seed, epoch) order.
