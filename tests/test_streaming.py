@@ -107,11 +107,10 @@ def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
     # the image module's keys, which predict and export read (project/inference.py)
     assert data["class_names"] == ["cat", "dog"] and data["input_shape"] == [3, 64, 64], data
     assert len(data["mean"]) == len(data["std"]) == 3, data
-    # Lightning kept the training loader's position (mid-epoch resume): one epoch of 72 // 64 = 1 batch.
+    # Lightning kept the training loader's position: after the epoch's one batch (72 // 64) the loader had started
+    # the next epoch (project/data/stream_loader.py, prestart), so its state is that epoch's start.
     (loader,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert loader["num_samples_yielded"] == 64 and loader["dataset"]["input_dir_url"].startswith("s3://"), (
-        loader
-    )
+    assert loader == {"current_epoch": 2, "epoch_start": True, "block_batches_done": 0}, loader
     # the chunks came from the server into the cache, not from a local path
     cached = [p for p in Path(s3["LITDATA_CACHE_DIR"]).rglob("chunk-*.bin")]
     assert cached, list(Path(s3["LITDATA_CACHE_DIR"]).rglob("*"))
@@ -285,7 +284,8 @@ def test_block_loader_same_samples_and_exact_resume(local):
 
     def loader(k: int) -> BlockLoader:
         ds = StreamingDataset(str(out / "train"), shuffle=True, drop_last=True, seed=0, batch_decode=1)
-        return BlockLoader(ds, batch_size=8, batches_per_block=k, num_workers=0, drop_last=True)
+        # prestart with blocks: the next epoch starts (in a thread) as the last batch is handed out
+        return BlockLoader(ds, batch_size=8, batches_per_block=k, num_workers=0, drop_last=True, prestart=k > 1)
 
     def take(lo: BlockLoader, n: int) -> list[list[tuple]]:
         it = iter(lo)
@@ -298,17 +298,19 @@ def test_block_loader_same_samples_and_exact_resume(local):
     assert batches_per_block(ds, 1, 3, 3 * (3 * 64 * 64 + 8)) == 4
     assert batches_per_block(ds, 0, 3, 100) == 1  # no worker: nothing to save
 
-    for k in (3, 1):  # blocks, and litdata's own batches (k = 1), through the same resume
+    for k in (3, 1):  # blocks and prestart, and litdata's own batches (k = 1), through the same resume
         ref = loader(k)
         assert len(ref) == 9
         epochs = [take(ref, 9) for _ in range(3)]
         assert [len(b) for b in epochs[0]] == [8] * 9 and epochs[0] != epochs[1] != epochs[2]
         assert Counter(sum(epochs[0], [])) == Counter(sum(epochs[2], [])) == stored(out, "train")
-        for p in (2, 4, 6):  # in the first block, mid second block, at the second block's end
+        for p in (2, 4, 6, 9):  # in the first block, mid second block, at its end, the epoch's end
             a = loader(k)
             head = take(a, p)
             b = loader(k)
             b.load_state_dict(a.state_dict())
+            if p == 9 and k > 1:  # the next epoch was started and not taken yet: the state is its start
+                assert a.state_dict() == {"current_epoch": 2, "epoch_start": True, "block_batches_done": 0}
             # the rest of the epoch, then the next two epochs (litdata 0.2.76 alone gave an empty next epoch here)
             assert head + take(b, 9 - p) == epochs[0], (k, p)
             assert take(b, 9) == epochs[1] and take(b, 9) == epochs[2], (k, p)

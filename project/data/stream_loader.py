@@ -34,6 +34,8 @@ The costs: each epoch's first batch waits for a whole block (k batches read by o
 (a GPU) a block's arrays are not pinned, so their (small) copies to the device are synchronous.
 """
 
+import itertools
+import threading
 from typing import Any
 
 import numpy as np
@@ -76,10 +78,19 @@ class BlockLoader(StreamingDataLoader):
         dataset: the StreamingDataset.
         batch_size: samples per batch handed out.
         batches_per_block: k (see `batches_per_block()`); 1 is litdata's StreamingDataLoader with tensors.
+        prestart: when the epoch's last batch is handed out, start the next epoch (the workers' reset and its first
+            block) in a thread, so that it is read while the last step, validation and checkpoints run.
         **kwargs: StreamingDataLoader's arguments (num_workers, pin_memory, drop_last, ...).
     """
 
-    def __init__(self, dataset: StreamingDataset, batch_size: int, batches_per_block: int = 1, **kwargs: Any):
+    def __init__(
+        self,
+        dataset: StreamingDataset,
+        batch_size: int,
+        batches_per_block: int = 1,
+        prestart: bool = False,
+        **kwargs: Any,
+    ):
         if batches_per_block > 1:
             kwargs["collate_fn"] = collate_to_numpy
         super().__init__(dataset, batch_size=batch_size * batches_per_block, **kwargs)
@@ -89,34 +100,73 @@ class BlockLoader(StreamingDataLoader):
         self._skip = 0  # batches of the first block to leave out after load_state_dict
         self._loaded: dict | None = None  # the litdata state load_state_dict restored (mid-epoch)
         self._handed_out = False  # the current epoch's last batch has been handed out
+        self.prestart = prestart
+        self._next: tuple[threading.Thread, Any, dict] | None = (
+            None  # the started next epoch: thread, blocks, first
+        )
 
     def __len__(self) -> int:
         return super().__len__() * self.batches_per_block
 
     def __iter__(self):
-        if self._handed_out:
-            # Lightning takes len(self) batches and never exhausts the generator, so litdata's own end-of-epoch code
-            # does not run: after a resumed epoch its `restore` stays on, and with no worker process the next epoch
-            # would replay the restored state instead of starting (an empty epoch: litdata 0.2.76).
-            self.restore = False
+        if self._next is not None:
+            blocks_iter = self._started_epoch()
+        else:
+            if self._handed_out:
+                # Lightning takes len(self) batches and never exhausts the generator, so litdata's end-of-epoch code
+                # does not run: after a resumed epoch its `restore` stays on, and with no worker process the next
+                # epoch would replay the restored state instead of starting (an empty epoch: litdata 0.2.76).
+                self.restore = False
+            blocks_iter = super().__iter__()
         self._handed_out = False
         k, b, blocks = self.batches_per_block, self.batch_size_out, super().__len__()
         skip, self._skip = self._skip, 0
         self._done, self._before, self._loaded = 0, self._loaded, None
-        for block in super().__iter__():
+        for block in blocks_iter:
             last = self._num_samples_yielded_streaming >= blocks * self.batch_size  # the epoch's last block
-            if k == 1:
-                self._handed_out = last
-                yield block
-                continue
-            block = tree_map_only(np.ndarray, torch.from_numpy, block)
+            if k > 1:
+                block = tree_map_only(np.ndarray, torch.from_numpy, block)
             for i in range(skip, k):
                 self._done, self._handed_out = i + 1, last and i == k - 1
-                yield tree_map_only(Tensor, lambda t, i=i: t[i * b : (i + 1) * b], block)
+                if self._handed_out and self.prestart:
+                    self._start_next_epoch()
+                yield block if k == 1 else tree_map_only(Tensor, lambda t, i=i: t[i * b : (i + 1) * b], block)
             skip = 0
-            self._before = super().state_dict()  # after this block = before the next
+            if k > 1:
+                self._before = super().state_dict()  # after this block = before the next
+
+    def _start_next_epoch(self) -> None:
+        """litdata's next epoch, up to its first block, in a thread (mostly waiting for the worker: no GIL)."""
+        self.restore = False  # see __iter__
+        blocks = StreamingDataLoader.__iter__(self)
+        first: dict = {}
+
+        def read_first() -> None:
+            try:
+                first["block"] = next(blocks)
+            except BaseException as err:  # noqa: BLE001 - raised again in the training thread by _started_epoch
+                first["error"] = err
+
+        thread = threading.Thread(target=read_first, name="stream-next-epoch", daemon=True)
+        thread.start()
+        self._next = (thread, blocks, first)
+
+    def _started_epoch(self):
+        """The blocks of the epoch `_start_next_epoch` started, its first one included."""
+        thread, blocks, first = self._next
+        self._next = None
+        thread.join()
+        if isinstance(first.get("error"), StopIteration):
+            return iter(())
+        if "error" in first:
+            raise first["error"]
+        return itertools.chain([first["block"]], blocks)
 
     def state_dict(self) -> dict[str, Any]:
+        if self._next is not None:
+            # The epoch is over and the next one started (prestart): a state at the next epoch's start.
+            self._next[0].join()
+            return {"current_epoch": self.current_epoch, "epoch_start": True, "block_batches_done": 0}
         state = super().state_dict()
         if self.batches_per_block == 1 or self._done in (0, self.batches_per_block):
             return state  # at a block's end litdata's own state is exact
@@ -130,7 +180,7 @@ class BlockLoader(StreamingDataLoader):
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         obj = dict(obj)
-        self._handed_out = False
+        self._handed_out, self._next = False, None
         self._skip = obj.pop("block_batches_done", 0)
         if obj.pop("epoch_start", False):
             # A fresh start of that epoch: iter() counts it (current_epoch + 1) and reads litdata's (seed, epoch) order.

@@ -171,6 +171,7 @@ class StreamingDataModule(L.LightningDataModule):
             dataset,
             batch_size=hp.batch_size,
             batches_per_block=k,
+            prestart=train and workers > 0,  # the next epoch's first batches read during validation
             num_workers=workers,
             pin_memory=pin,  # Lightning copies pinned batches to the GPU with non_blocking=True
             drop_last=train,
