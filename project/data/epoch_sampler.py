@@ -1,8 +1,8 @@
 """EpochSampler: the sample order of each epoch, fixed by (seed, epoch), sharded by rank, able to start mid-epoch.
 
 The one sampler of both training paths: the in-memory loader slices it per rank itself; on the DataLoader path
-(ResumableDataLoader, one process) it is the loader's sampler, and under DDP Lightning wraps it in its
-DistributedSamplerWrapper, which gives each rank every world-size-th index of this order.
+(ResumableDataLoader, one process) it is the loader's sampler, and under DDP each rank's loader gets a RankShard
+(rank_shard.py), its contiguous slice of this order, which Lightning keeps.
 
 Why not torch's RandomSampler or Lightning's DistributedSampler injection: a RandomSampler without a generator
 draws each epoch's order from the global RNG, and Lightning only swaps it for a `DistributedSampler` (ordered by
