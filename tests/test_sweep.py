@@ -64,7 +64,13 @@ def write_space(path: Path, **overrides) -> Path:
 
 
 def study_of(sweep_dir: Path, name: str = "t") -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{sweep_dir.resolve() / 'study.db'}")
+    """The study as a reader opens it: through open_storage, which creates a new database's schema under the same
+    lock as the sweep's processes (reading while the sweep starts raced on it: "table studies already exists")."""
+    from project.sweep.storage import default_storage, open_storage
+
+    return optuna.load_study(
+        study_name=name, storage=open_storage(default_storage(sweep_dir), heartbeat=False)
+    )
 
 
 def summary(run_dir: Path) -> dict:

@@ -47,6 +47,14 @@ def open_storage(url: str, heartbeat: bool = True):
             heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
         )
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # quiet schema messages; the worker turns INFO on
+    if url.startswith("sqlite:///"):
+        # RDBStorage creates the schema when the tables are missing: two processes opening a new study.db at once
+        # (two `make sweep` on one directory, or a reader) both did, and one failed with "table studies already
+        # exists". One process at a time, under a lock file beside the database.
+        from filelock import FileLock
+
+        with FileLock(url[len("sqlite:///") :] + ".lock"):
+            return RDBStorage(url, **kwargs)
     return RDBStorage(url, **kwargs)
 
 
