@@ -282,20 +282,23 @@ def _fit(p: dict, lim: list[str]) -> dict:
 
 
 def _metric_update_ms(batch_size: int, n: int = 200) -> float:
-    """Milliseconds of the template's per-step training metric updates (train loss mean, top-1 accuracy) on one
-    batch of logits: work the raw loop does not do, proportional to the batch."""
+    """Milliseconds of the template's per-step training metric work (ClassificationModule.training_step: the loss
+    and the correct predictions added to two sums on the device) on one batch of logits: work the raw loop does not
+    do. (torchmetrics' MeanMetric + MulticlassAccuracy updates, per step until 2026-12-01, took 0.14-0.33 ms.)"""
     import torch
-    from torchmetrics import MeanMetric
-    from torchmetrics.classification import MulticlassAccuracy
 
-    acc = MulticlassAccuracy(num_classes=10, average="micro", validate_args=False)
-    mean = MeanMetric(nan_strategy="disable")
     logits, y, loss = torch.randn(batch_size, 10), torch.randint(0, 10, (batch_size,)), torch.tensor(1.0)
+    sums = torch.zeros(2)
+
+    def step() -> None:
+        with torch.no_grad():
+            sums.add_(torch.stack((loss, (logits.argmax(dim=1) == y).sum().to(loss.dtype))))
+
     for _ in range(10):
-        acc.update(logits, y), mean.update(loss)
+        step()
     t = time.perf_counter()
     for _ in range(n):
-        acc.update(logits, y), mean.update(loss)
+        step()
     return round((time.perf_counter() - t) / n * 1000, 4)
 
 
