@@ -45,15 +45,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from litdata import StreamingDataLoader, StreamingDataset
 from torch import Tensor
-from torch.utils._pytree import tree_map_only
 from torch.utils.data import default_collate
 
 BLOCK_BYTES = 256 * 1024  # a block's size limit: below the 3x64x64 crossover of the table above
-MAX_BATCHES_PER_BLOCK = (
-    8  # 1/8 of the per-message cost is below the noise of a step; longer blocks delay epoch starts
-)
+# 1/8 of the per-message cost is below the noise of a step; longer blocks make each block's read longer
+MAX_BATCHES_PER_BLOCK = 8
 
 
 def batches_per_block(dataset: StreamingDataset, workers: int, batch_size: int, batch_bytes: int) -> int:
@@ -73,7 +72,7 @@ def batches_per_block(dataset: StreamingDataset, workers: int, batch_size: int, 
 
 def collate_to_numpy(samples: list) -> Any:
     """litdata's default collate for these samples (torch's default_collate), as numpy arrays."""
-    return tree_map_only(Tensor, Tensor.numpy, default_collate(samples))
+    return apply_to_collection(default_collate(samples), Tensor, Tensor.numpy)
 
 
 class BlockLoader(StreamingDataLoader):
@@ -106,9 +105,8 @@ class BlockLoader(StreamingDataLoader):
         self._loaded: dict | None = None  # the litdata state load_state_dict restored (mid-epoch)
         self._handed_out = False  # the current epoch's last batch has been handed out
         self.prestart = prestart
-        self._next: tuple[threading.Thread, Any, dict] | None = (
-            None  # the started next epoch: thread, blocks, first
-        )
+        # the started next epoch: its thread, litdata's generator of blocks, and {"block" or "error": ...}
+        self._next: tuple[threading.Thread, Any, dict] | None = None
 
     def __len__(self) -> int:
         return super().__len__() * self.batches_per_block
@@ -130,12 +128,16 @@ class BlockLoader(StreamingDataLoader):
         for block in blocks_iter:
             last = self._num_samples_yielded_streaming >= blocks * self.batch_size  # the epoch's last block
             if k > 1:
-                block = tree_map_only(np.ndarray, torch.from_numpy, block)
+                block = apply_to_collection(block, np.ndarray, torch.from_numpy)
             for i in range(skip, k):
                 self._done, self._handed_out = i + 1, last and i == k - 1
                 if self._handed_out and self.prestart:
                     self._start_next_epoch()
-                yield block if k == 1 else tree_map_only(Tensor, lambda t, i=i: t[i * b : (i + 1) * b], block)
+                yield (
+                    block
+                    if k == 1
+                    else apply_to_collection(block, Tensor, lambda t, i=i: t[i * b : (i + 1) * b])
+                )
             skip = 0
             if k > 1:
                 self._before = super().state_dict()  # after this block = before the next
@@ -172,12 +174,11 @@ class BlockLoader(StreamingDataLoader):
             # The epoch is over and the next one started (prestart): a state at the next epoch's start.
             self._next[0].join()
             return {"current_epoch": self.current_epoch, "epoch_start": True, "block_batches_done": 0}
-        state = super().state_dict()
         if self.batches_per_block == 1 or self._done in (0, self.batches_per_block):
-            return state  # at a block's end litdata's own state is exact
+            return super().state_dict()  # at a block's end litdata's own state is exact
         if self._before is None:  # in the epoch's first block: its start, then skip
             return {
-                "current_epoch": state["current_epoch"],
+                "current_epoch": self.current_epoch,
                 "epoch_start": True,
                 "block_batches_done": self._done,
             }

@@ -24,11 +24,11 @@ What litdata does and what this module relies on or corrects (litdata 0.2.76):
 """
 
 import logging
+import math
 import os
 import warnings
 
 import lightning as L
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -165,7 +165,7 @@ class StreamingDataModule(L.LightningDataModule):
         finally:
             log.setLevel(level)
         # Small training batches leave the workers in blocks of k (project/data/stream_loader.py).
-        batch_bytes = hp.batch_size * (int(np.prod(self.input_shape)) + 8)  # uint8 images, int64 labels
+        batch_bytes = hp.batch_size * (math.prod(self.input_shape) + 8)  # uint8 images, int64 labels
         k = batches_per_block(dataset, workers, hp.batch_size, batch_bytes) if train else 1
         return BlockLoader(
             dataset,
