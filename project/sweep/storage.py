@@ -11,8 +11,11 @@ Optuna's journal storage has no heartbeat, and optuna-integration's pruning call
 under DDP.
 """
 
+import contextlib
 import warnings
 from pathlib import Path
+
+from filelock import FileLock
 
 # A heartbeat every 10 s; a RUNNING trial whose heartbeat is 60 s old belongs to a dead worker (another machine's;
 # on this machine a dead worker is seen at once by its process id, see project/sweep/worker.py).
@@ -47,15 +50,12 @@ def open_storage(url: str, heartbeat: bool = True):
             heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
         )
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # quiet schema messages; the worker turns INFO on
-    if url.startswith("sqlite:///"):
-        # RDBStorage creates the schema when the tables are missing: two processes opening a new study.db at once
-        # (two `make sweep` on one directory, or a reader) both did, and one failed with "table studies already
-        # exists". One process at a time, under a lock file beside the database.
-        from filelock import FileLock
-
-        with FileLock(url[len("sqlite:///") :] + ".lock"):
-            return RDBStorage(url, **kwargs)
-    return RDBStorage(url, **kwargs)
+    # RDBStorage creates the schema when the tables are missing: two processes opening a new study.db at once (two
+    # `make sweep` on one directory, or a reader) both did, and one failed with "table studies already exists".
+    # One process at a time, under a lock file beside the database.
+    sqlite = url.startswith("sqlite:///")
+    with FileLock(url[len("sqlite:///") :] + ".lock") if sqlite else contextlib.nullcontext():
+        return RDBStorage(url, **kwargs)
 
 
 def supports_heartbeat(url: str) -> bool:
