@@ -19,6 +19,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from project import run_dir
 from project.callbacks.log_config import LogConfig
+from project.callbacks.report import RunReport
 from project.checkpoint import check_checkpoint, read_checkpoint
 from project.console import drop_inapplicable_messages
 from project.distributed import describe_world, env_rank, quiet_non_zero_ranks, share_cpu_threads
@@ -141,6 +142,9 @@ class ProjectCLI(LightningCLI):
                 "trainer.sync_batchnorm needs GPUs (SyncBatchNorm is CUDA-only), but this run is on CPU. "
                 "Set --trainer.sync_batchnorm false."
             )
+        for callback in self.trainer.callbacks:  # drawn once, after the test that after_fit runs
+            if isinstance(callback, RunReport):
+                callback.test_follows_fit = bool(self.config.fit.test_after_fit)
         if self.trainer.world_size > 1:  # DDP: say what one optimizer step sees (rank 0 only)
             share_cpu_threads(self.trainer)  # runs in every rank: each one parses the CLI
             batch = getattr(getattr(self.datamodule, "hparams", None), "batch_size", None)

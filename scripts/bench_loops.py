@@ -177,7 +177,8 @@ class _BenchCLI(ProjectCLI):
 
     def after_fit(self) -> None:
         self.clock.fit_seconds = time.perf_counter() - self._fit_start
-        super().after_fit()
+        if not self.config.fit.test_after_fit:  # with a test to follow, the bench stops here: the fit is timed
+            super().after_fit()
 
 
 def template_run(
@@ -189,6 +190,7 @@ def template_run(
     instrument: bool = False,
     drop: tuple[str, ...] = (),
     whole_fit: bool = True,
+    test_after_fit: bool = False,
 ) -> dict:
     """Train as `make train` does (`python -m project fit` with configs/default.yaml through build_cli: loggers,
     metrics, checkpoints, config.yaml, progress bar), minus the final test. Returns epoch wall and CPU times,
@@ -202,14 +204,17 @@ def template_run(
     drop: names of callback classes removed from the config's list (options measured as "without X").
     whole_fit: False leaves out work that is in no epoch figure (NO_EPOCH_HOOKS' callbacks, AFTER_FIT_ONLY's
         after-fit work once the clock has stopped): for runs whose figures are epochs only; "fit_seconds" then
-        misses that work."""
+        misses that work.
+    test_after_fit: run the fit as `make train` does, with a test to follow (work deferred to the test, such as
+        report.png and the HPARAMS record, is then not done at the fit's end), but stop after the timed fit: the
+        test itself is not run."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         args = [
             "fit",
             "--run_dir",
             tmp,
             "--test_after_fit",
-            "false",
+            str(test_after_fit).lower(),
             "--trainer.max_epochs",
             str(epochs),
             "--data.init_args.batch_size",

@@ -168,6 +168,7 @@ def test_a_model_taking_only_the_linked_arguments_trains_and_reloads(in_tmp, how
         "1",
     ]
     assert run_cli("fit", *chosen, *QUIET, *short, "--test_after_fit", "false", "--run_dir", "r") == 0
+    assert (in_tmp / "r/report.png").is_file()  # no test follows: RunReport draws at the fit's end
     hparams = torch.load(in_tmp / "r/checkpoints/last.ckpt", weights_only=True)["hyper_parameters"]
     assert hparams["model"] == {"class_path": model, "init_args": {"num_classes": 10, "in_channels": 1}}
     reloaded = ClassificationModule.load_from_checkpoint(

@@ -1,4 +1,4 @@
-"""RunReport: report.png after fit + test shows the run's curves, learning rates, test confusion matrix and
+"""RunReport: report.png after fit + test (drawn once, after the test) shows the run's curves, learning rates, test confusion matrix and
 most confidently wrong test images, rebuilt here from the run's own files; the same image reaches TensorBoard
 and W&B."""
 
@@ -42,7 +42,10 @@ def _expected(run_dir: Path) -> dict:
     # Learning rates per step: RunReport's record in last.ckpt, checked against LearningRateMonitor's
     # (one per epoch start).
     recorded = read_checkpoint(summary["last_checkpoint"])["callbacks"]["RunReport"]
-    lrs_by_step, groups = recorded["lrs"], recorded["lr_names"]
+    # Two tensors, not a {step: [lr, ...]} mapping: a checkpoint's size in pickled objects must not grow with the run.
+    assert recorded["lr_steps"].dtype == torch.int64 and recorded["lr_values"].dtype == torch.float64
+    lrs_by_step = dict(zip(recorded["lr_steps"].tolist(), recorded["lr_values"].tolist(), strict=True))
+    groups = recorded["lr_names"]
     assert groups == [
         "decay",
         "no_decay",
@@ -160,14 +163,15 @@ def test_report_same_image_in_tensorboard_and_wandb(run_dir):
 
     drawn = np.asarray(Image.open(run_dir / "report.png").convert("RGB"))
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0}).Reload().Images("report")
-    assert len(events) == 2  # after fit and after test
+    # Once: after the test that follows fit, not also at fit's end (the same picture without the test panels).
+    assert len(events) == 1
     last_tb = np.asarray(Image.open(io.BytesIO(events[-1].encoded_image_string)).convert("RGB"))
     assert np.array_equal(last_tb, drawn)
     from project.loggers import wandb_run_id  # the id W&B's own folder under the run dir records
 
     run_id = wandb_run_id(run_dir)
     media = glob.glob(str(run_dir / f"wandb/offline-run-*-{run_id}/files/media/images/report_*.png"))
-    assert len(media) == 2  # W&B names each image report_<its step>_<hash>.png
+    assert len(media) == 1  # W&B names each image report_<its step>_<hash>.png
     last_wandb = max(media, key=lambda p: int(Path(p).name.split("_")[1]))
     assert np.array_equal(np.asarray(Image.open(last_wandb).convert("RGB")), drawn)
 
@@ -199,7 +203,18 @@ def test_report_history_survives_checkpoint_restore():
     )
     resumed.epochs[2], resumed.lrs[10] = {"val/acc": 0.3}, [1e-4]
     state = resumed.state_dict()
-    assert sorted(state["epochs"]) == [0, 1, 2] and sorted(state["lrs"]) == [0, 5, 10]
+    assert sorted(state["epochs"]) == [0, 1, 2] and state["lr_steps"].tolist() == [0, 5, 10]
+    assert state["lr_values"].tolist() == [[1e-3], [2e-3], [1e-4]]
+    # Through a checkpoint's own state (a resumed run of a resumed run), and with a group added mid-run.
+    again = RunReport()
+    again.load_state_dict(state)
+    again.lrs[11] = [1e-5, 1e-6]
+    assert again.history()["lrs"] == {0: [1e-3], 5: [2e-3], 10: [1e-4], 11: [1e-5, 1e-6]}
+    packed = again.state_dict()
+    assert packed["lr_values"].shape == (4, 2)
+    again.load_state_dict(packed)
+    again.lrs.clear()
+    assert again.history()["lrs"] == {0: [1e-3], 5: [2e-3], 10: [1e-4], 11: [1e-5, 1e-6]}
     # The test after fit restores the best (earlier) checkpoint: the epochs seen in this process win.
     resumed.load_state_dict({"epochs": {0: {"val/acc": 0.1}}, "lrs": {0: [1e-3]}})
     assert resumed.state_dict()["epochs"][2] == {"val/acc": 0.3}
