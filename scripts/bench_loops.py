@@ -100,19 +100,25 @@ class StepTimer(Callback):
 
 
 class FetchTimer(Profiler):
-    """A profiler that only times Lightning's "fetch the next training batch" action (steady epochs)."""
+    """A profiler that only times two of Lightning's actions in steady epochs: "fetch the next training batch" and
+    "save_checkpoint" (the Trainer's whole checkpoint write: gathering the state, torch.save, fsync, rename)."""
 
     def __init__(self, clock: EpochClock) -> None:
         super().__init__()
         self.clock, self.seconds, self._t = clock, 0.0, 0.0
         # The part of `seconds` spent on each epoch's first fetch (a loader's per-epoch start: workers, shuffle).
         self.first_seconds, self._epoch = 0.0, 0
+        self.checkpoint_seconds, self._c = 0.0, 0.0
 
     def start(self, action_name: str) -> None:
         if action_name.endswith("train_dataloader_next"):
             self._t = time.perf_counter()
+        elif action_name == "save_checkpoint":
+            self._c = time.perf_counter()
 
     def stop(self, action_name: str) -> None:
+        if action_name == "save_checkpoint" and len(self.clock.starts) > 1:
+            self.checkpoint_seconds += time.perf_counter() - self._c
         if action_name.endswith("train_dataloader_next") and len(self.clock.starts) > 1:
             took = time.perf_counter() - self._t
             self.seconds += took
@@ -244,6 +250,7 @@ def template_run(
         if instrument:
             result["fetch_seconds"], result["step_seconds"] = cli.fetch.seconds, cli.steps.step_seconds
             result["first_fetch_seconds"] = cli.fetch.first_seconds
+            result["checkpoint_seconds"] = cli.fetch.checkpoint_seconds
             result["bar_seconds"] = cli.bar_seconds[0] if cli.bar_seconds is not None else 0.0
         if clock.raw is not None:
             result["raw"] = {

@@ -68,6 +68,7 @@ def test_bench_smoke_writes_every_key(tmp_path):
     assert set(OPTIONS) <= set(res["options"])
     assert "data_wait_fraction" in res and res["throughput"]["throughput_ratio"] > 0
     assert 0 <= res["progress_bar_hook_fraction"] < 1
+    assert res["checkpoint_ms_per_epoch"] > 0  # last.ckpt is written at every steady epoch's end
     assert {"per_step_overhead_ms", "train_metrics_update_ms"} <= set(res["scaling"]["batch_size"]["64"])
     assert 0 <= res["default_run"]["test_acc"] <= 1 and res["default_run"]["startup_seconds"] > 0
     assert "| throughput_ratio" in proc.stdout  # the markdown table
