@@ -183,7 +183,9 @@ class _BenchCLI(ProjectCLI):
 
     def after_fit(self) -> None:
         self.clock.fit_seconds = time.perf_counter() - self._fit_start
-        if not self.config.fit.test_after_fit:  # with a test to follow, the bench stops here: the fit is timed
+        if (
+            not self.config.fit.test_after_fit
+        ):  # with a test to follow, the bench stops here: the fit is timed
             super().after_fit()
 
 

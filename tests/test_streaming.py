@@ -285,11 +285,16 @@ def test_block_loader_same_samples_and_exact_resume(local):
     def loader(k: int) -> BlockLoader:
         ds = StreamingDataset(str(out / "train"), shuffle=True, drop_last=True, seed=0, batch_decode=1)
         # prestart with blocks: the next epoch starts (in a thread) as the last batch is handed out
-        return BlockLoader(ds, batch_size=8, batches_per_block=k, num_workers=0, drop_last=True, prestart=k > 1)
+        return BlockLoader(
+            ds, batch_size=8, batches_per_block=k, num_workers=0, drop_last=True, prestart=k > 1
+        )
 
     def take(lo: BlockLoader, n: int) -> list[list[tuple]]:
         it = iter(lo)
-        return [[_key(p, y) for p, y in zip(b["image"], b["label"].tolist())] for b in (next(it) for _ in range(n))]
+        return [
+            [_key(p, y) for p, y in zip(b["image"], b["label"].tolist())]
+            for b in (next(it) for _ in range(n))
+        ]
 
     # 72 samples, batches of 8 (98 KB): blocks of 16 samples would keep 64 (drop_last to whole blocks), so k = 1.
     # Batches of 3 (37 KB): blocks of 4 batches keep all 72; 8 would be 295 KB, over BLOCK_BYTES (256 KB).
@@ -314,3 +319,16 @@ def test_block_loader_same_samples_and_exact_resume(local):
             # the rest of the epoch, then the next two epochs (litdata 0.2.76 alone gave an empty next epoch here)
             assert head + take(b, 9 - p) == epochs[0], (k, p)
             assert take(b, 9) == epochs[1] and take(b, 9) == epochs[2], (k, p)
+    # Resumed mid-block (batch 5 of blocks of 3) with another layout (here: the saved world size edited to 2), the
+    # block is read again from its start, with a warning: nothing of it is skipped, two batches repeat.
+    a = loader(3)
+    head = take(a, 5)
+    state = a.state_dict()
+    assert state["block_batches_done"] == 2 and state["block_layout"]["world_size"] == 1
+    state["block_layout"] = {**state["block_layout"], "world_size": 2}
+    b = loader(3)
+    with pytest.warns(
+        UserWarning, match=r"world_size 2 -> 1.* up to 2 batches per rank are trained on twice"
+    ):
+        b.load_state_dict(state)
+    assert head[3:] == epochs[0][3:5] and take(b, 6) == epochs[0][3:]  # batches 3 and 4 again

@@ -27,7 +27,9 @@ What stays as it was:
   lockstep.
 - Exact resume: litdata's state counts whole blocks. A checkpoint taken after batch j of a block saves litdata's
   state from before that block and j; the resumed loader reads the block again and skips its first j batches.
-  Lightning does not prefetch from a loader with a length, so "handed out" is "trained on".
+  Lightning does not prefetch from a loader with a length, so "handed out" is "trained on". Resumed on other
+  devices, workers or batch size (litdata's elastic resume), the block read again is another one: its batches are
+  then all handed out, with a warning that up to j batches per rank are trained on twice.
 - Evaluation loaders use k = 1 (each sample counted once, as litdata gives it).
 
 The next epoch starts early (`prestart`, training loaders with workers): when an epoch's last batch is handed out,
@@ -45,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 from litdata import StreamingDataLoader, StreamingDataset
 from torch import Tensor
@@ -176,18 +179,38 @@ class BlockLoader(StreamingDataLoader):
             return {"current_epoch": self.current_epoch, "epoch_start": True, "block_batches_done": 0}
         if self.batches_per_block == 1 or self._done in (0, self.batches_per_block):
             return super().state_dict()  # at a block's end litdata's own state is exact
+        mid_block = {"block_batches_done": self._done, "block_layout": self._layout()}
         if self._before is None:  # in the epoch's first block: its start, then skip
-            return {
-                "current_epoch": self.current_epoch,
-                "epoch_start": True,
-                "block_batches_done": self._done,
-            }
-        return {**self._before, "block_batches_done": self._done}
+            return {"current_epoch": self.current_epoch, "epoch_start": True, **mid_block}
+        return {**self._before, **mid_block}
+
+    def _layout(self) -> dict[str, int]:
+        """What decides which samples a block holds, besides litdata's own state."""
+        env = getattr(self.dataset, "distributed_env", None)
+        return {
+            "world_size": int(getattr(env, "world_size", 1)),
+            "num_workers": self.num_workers,
+            "batch_size": self.batch_size_out,
+            "batches_per_block": self.batches_per_block,
+        }
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         obj = dict(obj)
         self._handed_out, self._next = False, None
         self._skip = obj.pop("block_batches_done", 0)
+        layout = obj.pop("block_layout", None)
+        if self._skip and layout is not None and layout != self._layout():
+            # litdata resumes elastically (other devices, workers or batch size) from the state before the block,
+            # but the block it then reads is another one: skipping the saved j batches of it would drop samples.
+            changed = ", ".join(
+                f"{k} {v} -> {self._layout()[k]}" for k, v in layout.items() if v != self._layout()[k]
+            )
+            rank_zero_warn(
+                f"Resuming a streaming epoch with another layout ({changed}): the batches of the interrupted block "
+                f"are read again, so up to {self._skip} batches per rank are trained on twice. Resume with the "
+                "same devices, num_workers and batch_size to continue exactly."
+            )
+            self._skip = 0
         if obj.pop("epoch_start", False):
             # A fresh start of that epoch: iter() counts it (current_epoch + 1) and reads litdata's (seed, epoch) order.
             self.current_epoch = obj["current_epoch"] - 1
