@@ -392,18 +392,32 @@ def default_runs(p: dict) -> dict:
                     f"`{' '.join(cmd)}` failed:\n{(Path(tmp) / 'log.txt').read_text()[-3000:]}"
                 )
             summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+            marks = json.loads(probe.read_text())  # bench_probe.py: when each part of the start-up ended
             runs.append(
                 {
                     "train_seconds": summary["train_seconds"],
                     "test_acc": summary.get("test_acc"),
-                    "startup_seconds": round(float(probe.read_text()) - start, 3),
+                    "startup_seconds": round(marks["first_step"] - start, 3),
+                    # The start-up's parts, each from the end of the one before: the imports and the parser's
+                    # set-up (up to the probe's own import, during parsing), parse + build, setup (loggers,
+                    # config.yaml, hparams, model summary), the sanity check + the first step.
+                    "startup_parts_seconds": {
+                        "imports_and_parser_setup": round(marks["imported"] - start, 3),
+                        "parse_and_build": round(marks["setup"] - marks["imported"], 3),
+                        "setup": round(marks["sanity_check"] - marks["setup"], 3),
+                        "sanity_check_and_first_step": round(marks["first_step"] - marks["sanity_check"], 3),
+                    },
+                    "dynamo_imported_at_start": marks["dynamo_imported"],
                     "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
                     "epochs": summary["epochs"],
                 }
             )
     keys = ("train_seconds", "test_acc", "startup_seconds", "peak_rss_mb")
+    parts = runs[0]["startup_parts_seconds"]
     return {
         **{k: med([r[k] for r in runs]) for k in keys},
+        "startup_parts_seconds": {k: med([r["startup_parts_seconds"][k] for r in runs]) for k in parts},
+        "dynamo_imported_at_start": all(r["dynamo_imported_at_start"] for r in runs),
         "epochs": runs[0]["epochs"],
         "runs": runs,
         "args": p["default_args"],
@@ -451,6 +465,12 @@ def table(res: dict) -> str:
         (
             "default run: train s | test acc | startup s | peak RSS MB",
             f"{d['train_seconds']} | {d['test_acc']} | {d['startup_seconds']} | {d['peak_rss_mb']}",
+        ),
+        (
+            "startup s: imports + parser set-up | parse + build | setup | sanity check + first step "
+            "(torch._dynamo imported)",
+            " | ".join(str(v) for v in d["startup_parts_seconds"].values())
+            + f" ({d['dynamo_imported_at_start']})",
         ),
     ]
     rows += [

@@ -71,4 +71,13 @@ def test_bench_smoke_writes_every_key(tmp_path):
     assert res["checkpoint_ms_per_epoch"] > 0  # last.ckpt is written at every steady epoch's end
     assert {"per_step_overhead_ms", "train_metrics_update_ms"} <= set(res["scaling"]["batch_size"]["64"])
     assert 0 <= res["default_run"]["test_acc"] <= 1 and res["default_run"]["startup_seconds"] > 0
+    parts = res["default_run"]["startup_parts_seconds"]
+    assert list(parts) == [
+        "imports_and_parser_setup",
+        "parse_and_build",
+        "setup",
+        "sanity_check_and_first_step",
+    ]
+    assert all(v >= 0 for v in parts.values())
+    assert abs(sum(parts.values()) - res["default_run"]["startup_seconds"]) < 0.05  # the parts add up
     assert "| throughput_ratio" in proc.stdout  # the markdown table
