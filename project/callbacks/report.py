@@ -114,11 +114,8 @@ class RunReport(Callback):
 
     # Saved in checkpoints, so that a resumed fit, or `python -m project test` alone, still draws the curves.
     def state_dict(self) -> dict:
-        return {
-            "epochs": {**self._restored["epochs"], **self.epochs},
-            **pack_lrs({**self._restored["lrs"], **self.lrs}),
-            "lr_names": self.lr_names or self._restored["lr_names"],
-        }
+        history = self.history()
+        return {"epochs": history["epochs"], **pack_lrs(history["lrs"]), "lr_names": history["lr_names"]}
 
     def load_state_dict(self, state: dict) -> None:
         # Kept apart: restoring the best checkpoint for the test after fit must not drop the later epochs.

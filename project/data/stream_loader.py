@@ -198,13 +198,11 @@ class BlockLoader(StreamingDataLoader):
         obj = dict(obj)
         self._handed_out, self._next = False, None
         self._skip = obj.pop("block_batches_done", 0)
-        layout = obj.pop("block_layout", None)
-        if self._skip and layout is not None and layout != self._layout():
+        layout, now = obj.pop("block_layout", None), self._layout()
+        if self._skip and layout is not None and layout != now:
             # litdata resumes elastically (other devices, workers or batch size) from the state before the block,
             # but the block it then reads is another one: skipping the saved j batches of it would drop samples.
-            changed = ", ".join(
-                f"{k} {v} -> {self._layout()[k]}" for k, v in layout.items() if v != self._layout()[k]
-            )
+            changed = ", ".join(f"{k} {v} -> {now[k]}" for k, v in layout.items() if v != now[k])
             rank_zero_warn(
                 f"Resuming a streaming epoch with another layout ({changed}): the batches of the interrupted block "
                 f"are read again, so up to {self._skip} batches per rank are trained on twice. Resume with the "
