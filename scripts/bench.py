@@ -85,6 +85,7 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
     ),
 }
 FIT_EPOCHS = 15  # the default config's max_epochs: the whole `make train` fit
+HEADLINE_ARMS = ("template", "template_vs_tuned_loop", "bare_lightning")  # run in every round
 VARIANTS = {  # name -> extra CLI args for the template (each compared with the default config, same round)
     "no_progress_bar": ["--trainer.enable_progress_bar", "false"],
     "bf16_mixed": ["--trainer.precision", "bf16-mixed"],
@@ -113,6 +114,7 @@ def ab(run_a, run_b, repeats: int) -> tuple[list, list]:
 def bench_cpu(p: dict) -> dict:
     import torch
     from bench_loops import (
+        bare_lightning_run,
         epoch_ratios,
         loader_samples_per_s,
         machine,
@@ -145,6 +147,9 @@ def bench_cpu(p: dict) -> dict:
         **{k: (lambda extra=v: tmpl(extra=extra)) for k, v in VARIANTS.items()},
         "torch_threads_1": lambda: _threads(1, tmpl),
         "no_lean_hooks": lambda: tmpl(drop=("LeanHooks",)),
+        # Lightning's loop alone on the tuned loop's work, against the tuned loop: the part of the template's
+        # overhead that is Lightning's, whatever the template does.
+        "bare_lightning": lambda: bare_lightning_run(E, 64, raw=tuned_loop, limit=p["limit"]),
     }
     options = [*VARIANTS, "torch_threads_1", "no_lean_hooks"]
     if p["options_in_one_run"]:
@@ -152,12 +157,12 @@ def bench_cpu(p: dict) -> dict:
         # still parse and train; each option's key then holds that run (it measures nothing anyway). bf16-mixed
         # runs apart: Lightning's mixed-precision plugin refuses gradient clipping with the fused AdamW.
         every = [a for k, v in VARIANTS.items() if k != "bf16_mixed" for a in v]
-        arms = {k: arms[k] for k in ("template", "template_vs_tuned_loop", "bf16_mixed")}
+        arms = {k: arms[k] for k in ("template", "template_vs_tuned_loop", "bf16_mixed", "bare_lightning")}
         arms["every_option"] = lambda: _threads(1, lambda: tmpl(extra=every, drop=("LeanHooks",)))
     got: dict[str, list] = {k: [] for k in arms}
     for i in range(R):
         # The quick profile runs the options in its first round only (bench-quick stays within 2 minutes).
-        names = [n for n in arms if i < p["option_repeats"] or n in ("template", "template_vs_tuned_loop")]
+        names = [n for n in arms if i < p["option_repeats"] or n in HEADLINE_ARMS]
         for name in names if i % 2 == 0 else names[::-1]:
             got[name].append(arms[name]())
     t_runs, tuned_runs = got["template"], got["template_vs_tuned_loop"]
@@ -192,6 +197,14 @@ def bench_cpu(p: dict) -> dict:
             ]
         ),
         "steps_per_epoch": t_runs[0]["steps_per_epoch"],
+        # Lightning's loop alone (bench_loops.bare_lightning_run) against the tuned loop: the same figures.
+        "bare_lightning_vs_tuned_loop": med([x for b in got["bare_lightning"] for x in epoch_ratios(b)]),
+        "bare_lightning_per_step_overhead_ms": med(
+            [x for b in got["bare_lightning"] for x in overheads_ms(b)[0]]
+        ),
+        "bare_lightning_per_epoch_overhead_ms": med(
+            [x for b in got["bare_lightning"] for x in overheads_ms(b)[1]]
+        ),
         "template_warmup_epoch_seconds": med([t["epoch_seconds"][0] for t in t_runs]),
         "raw_warmup_epoch_seconds": med([t["raw"]["epoch_seconds"][0] for t in t_runs]),
         "template_steady_epoch_seconds": med([statistics.median(t["epoch_seconds"][1:]) for t in t_runs]),
@@ -442,6 +455,12 @@ def table(res: dict) -> str:
             f"{t['per_step_overhead_ms']} | {t['per_epoch_overhead_ms']}",
         ),
         ("of the per-epoch overhead: checkpoint writes ms per epoch", res["checkpoint_ms_per_epoch"]),
+        (
+            "Lightning's loop alone (no logger, checkpoint, bar, metrics) / tuned loop; its overhead per step ms | "
+            "per epoch ms",
+            f"{t['bare_lightning_vs_tuned_loop']}; {t['bare_lightning_per_step_overhead_ms']} | "
+            f"{t['bare_lightning_per_epoch_overhead_ms']}",
+        ),
         (
             f"whole fit ({res['fit']['epochs']} epochs) s: template | hand-written loop, same work | ratio",
             f"{res['fit']['template_fit_seconds']} | {res['fit']['hand_written_loop_seconds']} | "

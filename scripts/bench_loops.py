@@ -15,7 +15,9 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
+import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import Profiler
@@ -264,6 +266,77 @@ def template_run(
             }
         _BenchCLI.raw_loop, _BenchCLI.instrument, _BenchCLI.drop, _BenchCLI.whole_fit = None, False, (), True
         return result
+
+
+class BareModule(L.LightningModule):
+    """The raw loop's work as a LightningModule: no metrics, no logging, nothing but Lightning's own loop.
+
+    training_step returns the loss (automatic optimization: Lightning's closure, zero_grad, backward, step), the
+    scheduler steps per optimizer step, validation counts correct predictions on the device and reads them once
+    per epoch, as the raw loop does. With `bare_lightning_run` it measures what Lightning's loop alone costs against
+    the tuned raw loop, so the template's own share of its overhead is the rest.
+    """
+
+    def __init__(self, loop: "RawLoop") -> None:
+        super().__init__()
+        self.loop = loop
+        self.model, self.loss_fn = loop.model, loop.loss_fn
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return self.loss_fn(self.model(x.contiguous(memory_format=self.loop.memory_format)), y)
+
+    def on_validation_epoch_start(self) -> None:
+        self.correct, self.count = torch.zeros((), dtype=torch.long), 0
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.model(x.contiguous(memory_format=self.loop.memory_format))
+        self.correct += (logits.argmax(1) == y).sum()
+        self.count += len(y)
+
+    def on_validation_epoch_end(self) -> None:
+        self.val_acc = float(self.correct) / self.count  # one host read per epoch, as the raw loop
+
+    def configure_optimizers(self):
+        return {
+            "optimizer": self.loop.opt,
+            "lr_scheduler": {"scheduler": self.loop.sched, "interval": "step"},
+        }
+
+
+def bare_lightning_run(epochs: int, batch_size: int = 64, raw: dict | None = None, **loop: Any) -> dict:
+    """Lightning's loop alone (BareModule on a Trainer with no logger, checkpoint, progress bar, summary or sanity
+    check, deterministic as the config) on the tuned raw loop's model, optimizer, schedule and loaders, with one
+    raw-loop epoch of `raw` before each of its epochs (EpochClock), as template_run."""
+    side = RawLoop(epochs, batch_size, fused=True, channels_last=True, **loop)
+    clock = EpochClock(RawLoop(epochs, batch_size, **raw) if raw is not None else None)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        limit_train_batches=side.steps,
+        limit_val_batches=1 if side.limit else None,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        deterministic=True,
+        callbacks=[clock],
+    )
+    trainer.fit(BareModule(side), side.train, side.val)
+    result = {
+        "epoch_seconds": [b - a for a, b in zip(clock.starts, clock.ends, strict=True)],
+        "train_seconds": [b - a for a, b in zip(clock.starts, clock.train_ends, strict=True)],
+        "steps_per_epoch": trainer.num_training_batches,
+        "samples_per_epoch": trainer.num_training_batches * batch_size,
+    }
+    if clock.raw is not None:
+        result["raw"] = {
+            "epoch_seconds": clock.raw_seconds,
+            "train_seconds": clock.raw_train_seconds,
+            "samples_per_epoch": clock.raw.samples_per_epoch,
+        }
+    return result
 
 
 def config_data_args() -> dict:
