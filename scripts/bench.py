@@ -224,11 +224,11 @@ def bench_cpu(p: dict) -> dict:
         [t["fetch_seconds"] / max(1e-9, t["fetch_seconds"] + t["step_seconds"]) for t in inst]
     )
     consumed = med([t["samples_per_epoch"] * (E - 1) / max(1e-9, t["step_seconds"]) for t in inst])
-    # The progress bar's hooks (per batch and per epoch) timed directly, as a fraction of the steady epochs' wall
-    # time (1% is below the run-to-run noise of the option ratios).
     # Checkpoint writes (best and last each epoch: one torch.save + fsync, last.ckpt a hard link to a new best): work
     # the epoch-pair raw loops do not do, inside the template's per-epoch overhead.
     out["checkpoint_ms_per_epoch"] = med([1e3 * t["checkpoint_seconds"] / (E - 1) for t in inst])
+    # The progress bar's hooks (per batch and per epoch) timed directly, as a fraction of the steady epochs' wall
+    # time (1% is below the run-to-run noise of the option ratios).
     out["progress_bar_hook_fraction"] = med(
         [t["bar_seconds"] / max(1e-9, sum(t["epoch_seconds"][1:])) for t in inst]
     )

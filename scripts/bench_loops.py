@@ -60,6 +60,24 @@ class EpochClock(Callback):
         self.raw_train_seconds: list[float] = []
         self.fit_seconds = 0.0  # ProjectCLI's before_fit to after_fit: the whole trainer.fit
 
+    def figures(self, steps_per_epoch: int, batch_size: int) -> dict:
+        """Each epoch's wall, CPU and training-part seconds, and with a raw loop the same of its epochs ("raw")."""
+        result = {
+            "epoch_seconds": [b - a for a, b in zip(self.starts, self.ends, strict=True)],
+            "epoch_cpu_seconds": [b - a for a, b in zip(self.cpu_starts, self.cpu_ends, strict=True)],
+            "train_seconds": [b - a for a, b in zip(self.starts, self.train_ends, strict=True)],
+            "steps_per_epoch": steps_per_epoch,
+            "samples_per_epoch": steps_per_epoch * batch_size,
+        }
+        if self.raw is not None:
+            result["raw"] = {
+                "epoch_seconds": self.raw_seconds,
+                "epoch_cpu_seconds": self.raw_cpu_seconds,
+                "train_seconds": self.raw_train_seconds,
+                "samples_per_epoch": self.raw.samples_per_epoch,
+            }
+        return result
+
     def _close(self) -> None:
         if len(self.ends) < len(self.starts):
             self.ends.append(time.perf_counter())
@@ -241,13 +259,8 @@ def template_run(
             finally:
                 sys.argv = argv
         clock, trainer = cli.clock, cli.trainer
-        steps = trainer.num_training_batches
         result = {
-            "epoch_seconds": [b - a for a, b in zip(clock.starts, clock.ends, strict=True)],
-            "epoch_cpu_seconds": [b - a for a, b in zip(clock.cpu_starts, clock.cpu_ends, strict=True)],
-            "train_seconds": [b - a for a, b in zip(clock.starts, clock.train_ends, strict=True)],
-            "steps_per_epoch": steps,
-            "samples_per_epoch": steps * batch_size,
+            **clock.figures(trainer.num_training_batches, batch_size),
             "fit_seconds": clock.fit_seconds,
             "val_acc": float(trainer.callback_metrics.get("val/acc", -1)),
         }
@@ -257,13 +270,7 @@ def template_run(
             result["checkpoint_seconds"] = cli.fetch.checkpoint_seconds
             result["bar_seconds"] = cli.bar_seconds[0] if cli.bar_seconds is not None else 0.0
         if clock.raw is not None:
-            result["raw"] = {
-                "epoch_seconds": clock.raw_seconds,
-                "epoch_cpu_seconds": clock.raw_cpu_seconds,
-                "train_seconds": clock.raw_train_seconds,
-                "samples_per_epoch": clock.raw.samples_per_epoch,
-                "val_acc": clock.raw.val_acc,
-            }
+            result["raw"]["val_acc"] = clock.raw.val_acc
         _BenchCLI.raw_loop, _BenchCLI.instrument, _BenchCLI.drop, _BenchCLI.whole_fit = None, False, (), True
         return result
 
@@ -324,19 +331,7 @@ def bare_lightning_run(epochs: int, batch_size: int = 64, raw: dict | None = Non
         callbacks=[clock],
     )
     trainer.fit(BareModule(side), side.train, side.val)
-    result = {
-        "epoch_seconds": [b - a for a, b in zip(clock.starts, clock.ends, strict=True)],
-        "train_seconds": [b - a for a, b in zip(clock.starts, clock.train_ends, strict=True)],
-        "steps_per_epoch": trainer.num_training_batches,
-        "samples_per_epoch": trainer.num_training_batches * batch_size,
-    }
-    if clock.raw is not None:
-        result["raw"] = {
-            "epoch_seconds": clock.raw_seconds,
-            "train_seconds": clock.raw_train_seconds,
-            "samples_per_epoch": clock.raw.samples_per_epoch,
-        }
-    return result
+    return clock.figures(trainer.num_training_batches, batch_size)
 
 
 def config_data_args() -> dict:

@@ -13,7 +13,7 @@ from project.data.decode import load_image
 from project.data.image_files import ImageFiles
 from project.data.in_memory import InMemoryLoader
 from project.data.normalize import Normalize
-from project.data.rank_shard import RankShard
+from project.data.rank_shard import rank_shard
 from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import ImageTensorDataset, stratified_split
 from project.data.transforms import build_transform, channel_stats, image_folder_transform
@@ -242,8 +242,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
             # resumable mid-epoch: its position is saved in checkpoints (resumable_loader.py). Under DDP each rank
             # gets its equal, disjoint slice of the epoch's order from a RankShard, a DistributedSampler that
             # Lightning keeps instead of wrapping the loader's sampler (rank_shard.py says why).
-            rank, world = self.trainer.global_rank if self.trainer is not None else 0, self._world_size()
-            sampler = RankShard(len(dataset), run_seed(), rank, world) if world > 1 else None
+            sampler = rank_shard(len(dataset), run_seed(), self.trainer)
             return ResumableDataLoader(dataset, seed=run_seed(), sampler=sampler, **common)
         sampler = None
         if self.trainer is not None and self.trainer.world_size > 1:

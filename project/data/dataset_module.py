@@ -23,7 +23,7 @@ from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from project.data.rank_shard import RankShard
+from project.data.rank_shard import rank_shard
 from project.data.resumable_loader import ResumableDataLoader
 from project.data.tensor_dataset import stratified_split
 from project.data.validate import check_batch_size, check_labels, check_split_sizes
@@ -164,9 +164,8 @@ class DatasetDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> ResumableDataLoader:
-        rank, world = self._world()
-        check_batch_size(len(self.train_set), world, self.hparams.batch_size)
-        sampler = RankShard(len(self.train_set), run_seed(), rank, world) if world > 1 else None
+        check_batch_size(len(self.train_set), self._world()[1], self.hparams.batch_size)
+        sampler = rank_shard(len(self.train_set), run_seed(), self.trainer)
         return ResumableDataLoader(self.train_set, seed=run_seed(), sampler=sampler, **self._common())
 
     def _eval_loader(self, dataset: Dataset) -> DataLoader:

@@ -6,9 +6,14 @@ loader that is not a `DistributedSampler` with its `DistributedSamplerWrapper`, 
 repeated samples and restarts an interrupted epoch from its beginning.
 """
 
+from typing import TYPE_CHECKING
+
 from torch.utils.data import DistributedSampler
 
 from project.data.epoch_sampler import EpochSampler
+
+if TYPE_CHECKING:
+    import lightning as L
 
 
 class RankShard(EpochSampler, DistributedSampler):
@@ -22,3 +27,10 @@ class RankShard(EpochSampler, DistributedSampler):
 
     def __init__(self, n: int, seed: int, rank: int, world_size: int) -> None:
         EpochSampler.__init__(self, n, shuffle=True, seed=seed, rank=rank, world_size=world_size)
+
+
+def rank_shard(n: int, seed: int, trainer: "L.Trainer | None") -> RankShard | None:
+    """The training sampler of this trainer's rank under DDP; None in one process (the loader's own EpochSampler)."""
+    if trainer is None or trainer.world_size == 1:
+        return None
+    return RankShard(n, seed, trainer.global_rank, trainer.world_size)
