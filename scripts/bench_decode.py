@@ -137,8 +137,18 @@ def generate(n: int, root: Path = DATA) -> list[Path]:
         t = time.time()
         procs = max(1, min(os.cpu_count() or 1, 8))
         step = -(-n // (procs * 8))
-        with Pool(procs) as pool:
+        pool = Pool(procs)
+        try:
             pool.map(_write, [(s, min(n, s + step), str(root)) for s in range(0, n, step)])
+            # The workers exit on their own: `with Pool` ends with terminate(), a SIGTERM to each worker, and once
+            # (a fresh-clone CI run, 2026-12-02, in the test process of `make test`) one never exited and its join
+            # hung until the test's 600 s timeout.
+            pool.close()
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
         print(f"generated {len(missing)} JPEGs under {root} in {time.time() - t:.0f} s", flush=True)
     marker.write_text(json.dumps({"version": GENERATOR_VERSION, "size": [W, H], "quality": QUALITY}) + "\n")
     return paths
