@@ -14,10 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from project.checkpoint import check_class_paths, instantiate
-from project.data.normalize import normalize
+from project.data.normalize import normalize, resize
 from project.errors import ConfigError
 
 
@@ -25,11 +24,10 @@ from project.errors import ConfigError
 class Preprocessing:
     """What the data module saved in the checkpoint: enough to turn an image file into a model input.
 
-    `image(pil)` and `tensor(x)` repeat the evaluation transform of training (project/data/transforms.py:
-    torchvision's ToImage, ToDtype(float32, scale=True), Resize(antialias=True), then project/data/normalize.py's
-    `normalize`, which training uses per batch or per sample) with the same torch operations in the same order, so
-    the inputs are the same tensors (tests/test_predict.py compares them) without importing torchvision (~1.4 s
-    of a 2.5 s predict).
+    `image(pil)` and `tensor(x)` run training's preprocessing (project/data/normalize.py): `resize` to the training
+    size in the pixels' own type, then `normalize` with the training statistics, the functions every data path
+    uses, so the inputs are the evaluation inputs of training (tests compare them) without importing torchvision
+    (~1.4 s of a 2.5 s predict).
     """
 
     class_names: list[str]
@@ -46,10 +44,7 @@ class Preprocessing:
 
     def tensor(self, x: Tensor) -> Tensor:
         """A (C, H, W) image tensor (uint8 0-255, or float in [0, 1]) -> the normalised float32 model input."""
-        x = x.to(torch.float32).mul_(1.0 / 255) if x.dtype == torch.uint8 else x.to(torch.float32)
-        if tuple(x.shape[-2:]) != tuple(self.input_shape[1:]):
-            size = list(self.input_shape[1:])
-            x = F.interpolate(x[None], size=size, mode="bilinear", align_corners=False, antialias=True)[0]
+        x = resize(x, self.input_shape[1:])
         mean = torch.as_tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
         std = torch.as_tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
         return normalize(x, mean, std)  # the function training normalises with
@@ -60,7 +55,8 @@ class Preprocessing:
             "input_shape": list(self.input_shape),
             "mean": self.mean,
             "std": self.std,
-            "pixel_scale": "divide 8-bit pixels by 255, resize to input_shape[1:], then (x - mean) / std per channel",
+            "pixel_scale": "resize the 8-bit pixels to input_shape[1:] (bilinear, antialiased, as 8-bit), divide by "
+            "255, then (x - mean) / std per channel",
             "color": "grayscale" if self.input_shape[0] == 1 else "RGB",
             "output": "logits; softmax gives class probabilities in class_names order",
         }

@@ -87,7 +87,7 @@ def path_args(name: str, stream_dir: Path) -> list[str]:
         "--data.init_args.input_dir",
         str(stream_dir),
         "--data.init_args.augment",
-        "false",  # as configs/default.yaml sets it for the image module
+        "none",  # as configs/default.yaml sets it for the image module
         "--data.init_args.batch_size",
         "64",
     ]

@@ -33,6 +33,7 @@ before normalisation, is compared with what two resampling filters differ by on 
 """
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -226,9 +227,9 @@ def pipelines() -> dict:
     from torchvision.transforms.v2 import functional as F2
 
     from project.data import decode as project_decode
+    from project.data.augment import augment_training_batch
     from project.data.image_files import ImageFiles
-    from project.data.normalize import Normalize
-    from project.data.transforms import image_folder_transform
+    from project.data.normalize import Normalize, resize
 
     ref_tf = T.Compose(
         [
@@ -252,14 +253,15 @@ def pipelines() -> dict:
     return {
         "reference": (lambda p: Files(p, ref_tf, pil_loader), None),
         "pil_uint8": (lambda p: Files(p, v2_tf, project_decode.pil_file), norm),
-        # the template's default: its ImageFolder dataset, decoder and training transform
+        # the template's default: its ImageFolder dataset and decoder (resized to the training size in the
+        # worker), then its per-batch crop_flip augmentation and normalisation (project/data/base.py)
         "decode_image": (
             lambda p: ImageFiles(
                 [(x, k % CLASSES) for k, x in enumerate(p)],
-                image_folder_transform(train=True, augment=True, size=(SIZE, SIZE)),
+                functools.partial(resize, size=(SIZE, SIZE)),
                 project_decode.load_image,
             ),
-            norm,
+            lambda x: norm(augment_training_batch(x, "crop_flip", 0, 0, 0, 0)),
         ),
         "pil_draft": (lambda p: Files(p, v2.RandomHorizontalFlip(), draft_loader), norm),
         "pil_pil_uint8": (lambda p: Files(p, pil_uint8_tf, pil_loader), norm),

@@ -22,7 +22,10 @@ import torch
 from bench_loops import machine
 from torch import nn
 
+from project.data.augment import augment_training_batch
+from project.data.base import ImageData
 from project.data.in_memory import InMemoryLoader
+from project.data.normalize import Normalize
 from project.models import TorchvisionClassifier
 from project.module import ClassificationModule
 from project.schedule import warmup_cosine
@@ -31,6 +34,7 @@ BATCH, EPOCHS, LR = 512, 3, 2e-3
 
 
 MEAN, STD = [0.49, 0.48, 0.45], [0.25, 0.24, 0.26]
+RECIPE = "crop_flip"  # CIFAR-10's augmentation, on both sides
 
 
 def _bf16(device: torch.device) -> bool:
@@ -43,10 +47,8 @@ def _data(n: int, device: torch.device, seed: int = 0) -> tuple[InMemoryLoader, 
     images = torch.randint(0, 256, (n + n // 5, 3, 32, 32), dtype=torch.uint8, generator=g)
     labels = torch.randint(0, 10, (n + n // 5,), generator=g)
     bs = min(BATCH, n)
-    train = InMemoryLoader(
-        images[:n], labels[:n], bs, MEAN, STD, shuffle=True, augment="natural", seed=seed, device=device
-    )
-    val = InMemoryLoader(images[n:], labels[n:], bs, MEAN, STD, shuffle=False, device=device)
+    train = InMemoryLoader(images[:n], labels[:n], bs, shuffle=True, seed=seed, device=device)
+    val = InMemoryLoader(images[n:], labels[n:], bs, shuffle=False, device=device)
     return train, val
 
 
@@ -66,11 +68,13 @@ def raw(n: int, device: torch.device, compile: bool = False) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, len(train), total))
     loss_fn, dtype = nn.CrossEntropyLoss(label_smoothing=0.1), torch.bfloat16
     starts = []
-    for _ in range(EPOCHS):
+    normalize = Normalize(MEAN, STD).to(device)
+    for epoch in range(EPOCHS):
         _sync(device)
         starts.append(time.perf_counter())
         model.train()
-        for x, y in train:
+        for b, (x, y) in enumerate(train):  # the template's per-batch work (project/data/base.py)
+            x = normalize(augment_training_batch(x, RECIPE, 0, epoch, b, 0))
             opt.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=dtype, enabled=_bf16(device)):
                 loss = loss_fn(model(x.contiguous(memory_format=torch.channels_last)).float(), y)
@@ -81,6 +85,7 @@ def raw(n: int, device: torch.device, compile: bool = False) -> dict:
         correct = torch.zeros((), device=device)
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=_bf16(device)):
             for x, y in val:
+                x = normalize(x)
                 correct += (model(x.contiguous(memory_format=torch.channels_last)).argmax(1) == y).sum()
         float(correct)
     _sync(device)
@@ -91,10 +96,12 @@ def raw(n: int, device: torch.device, compile: bool = False) -> dict:
     }
 
 
-class _Data(L.LightningDataModule):
+class _Data(ImageData):
     def __init__(self, n: int, device: torch.device) -> None:
         super().__init__()
         self.loaders = _data(n, device)
+        self.class_names, self.input_shape = [str(i) for i in range(10)], (3, 32, 32)
+        self.mean, self.std, self.recipe = MEAN, STD, RECIPE
 
     def train_dataloader(self):
         return self.loaders[0]

@@ -376,6 +376,8 @@ class RawLoop:
         dm = ImageClassificationDataModule(**{**config_data_args(), "batch_size": batch_size})
         dm.setup("fit")
         self.train, self.val, self.limit = dm.train_dataloader(), dm.val_dataloader(), limit
+        # The batches as training gets them: normalised per batch, as the data module does after the transfer
+        self.prepare = dm.on_after_batch_transfer
         self.model = ConvNet(dm.num_classes, dm.in_channels, width=width)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.model.to(memory_format=self.memory_format)
@@ -396,9 +398,10 @@ class RawLoop:
         t, c = time.perf_counter(), time.process_time()
         model, opt, sched, loss_fn = self.model, self.opt, self.sched, self.loss_fn
         model.train()
-        for i, (x, y) in enumerate(self.train):
+        for i, batch in enumerate(self.train):
             if i == self.steps:
                 break
+            x, y = self.prepare(batch, 0)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x.contiguous(memory_format=self.memory_format)), y)
             loss.backward()
@@ -408,9 +411,10 @@ class RawLoop:
         model.eval()
         correct = count = top5 = loss_sum = 0
         with torch.no_grad():
-            for i, (x, y) in enumerate(self.val):
+            for i, batch in enumerate(self.val):
                 if self.limit and i == 1:
                     break
+                x, y = self.prepare(batch, 0)
                 logits = model(x.contiguous(memory_format=self.memory_format))
                 correct += (logits.argmax(1) == y).sum()
                 count += len(y)
@@ -441,7 +445,8 @@ def steady_samples_per_s(run: dict) -> float:
 
 
 def loader_samples_per_s(in_memory: bool, epochs: int = 2, n: int | None = None) -> float:
-    """Samples/s of the training loader alone (augmentation on): the DataLoader path or the in-memory path.
+    """Samples/s of the training loader alone (pixels, before the per-batch augmentation and normalisation every
+    path shares): the DataLoader path or the in-memory path.
     With n, a synthetic digits-shaped split of n images (in-memory path only)."""
     if n is not None:
         from project.data.in_memory import InMemoryLoader
@@ -450,10 +455,7 @@ def loader_samples_per_s(in_memory: bool, epochs: int = 2, n: int | None = None)
             torch.rand(n, 1, 8, 8),
             torch.randint(0, 10, (n,)),
             64,
-            [0.5],
-            [0.25],
             shuffle=True,
-            augment="digits",
         )
     else:
         dm = ImageClassificationDataModule(in_memory=in_memory)

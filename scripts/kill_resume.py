@@ -50,7 +50,7 @@ FLAGS = [
     "1",
     # Augmentation on (the digits default is off): its random stream is what a resume must restore exactly.
     "--data.init_args.augment",
-    "true",
+    "affine",
 ]
 MODES = ("train", "validation", "write")
 MARKER = "kill_point.json"
@@ -78,7 +78,7 @@ class KillPoint(Callback):
             "global_step": trainer.global_step,
             **where,
         }
-        tmp = Path(self.marker + ".tmp")
+        tmp = Path(f"{self.marker}.{os.getpid()}.tmp")  # one per process: DDP ranks write the marker at once
         tmp.write_text(json.dumps(where))
         os.replace(tmp, self.marker)  # the reader sees the whole file or none
         while True:

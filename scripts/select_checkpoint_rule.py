@@ -37,7 +37,7 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 from project.cli import build_cli  # noqa: E402
 from project.data import digits  # noqa: E402
 from project.data.in_memory import InMemoryLoader  # noqa: E402
-from project.data.tensor_dataset import stratified_split  # noqa: E402
+from project.data.splits import stratified_split  # noqa: E402
 
 # An epoch record: {"epoch", "val_acc", "val_loss", "held_acc"}. A rule returns the index of the chosen record.
 Rule = Callable[[list[dict]], int]
@@ -90,11 +90,11 @@ def held_out_indices(split_seed: int, test_fraction: float = 0.2) -> tuple[list[
 
 
 @torch.no_grad()
-def accuracy(module, loader) -> float:
+def accuracy(module, loader, prepare) -> float:
     module.eval()
     correct = total = 0
     for batch in loader:
-        _, logits, y = module._shared_step(batch)
+        _, logits, y = module._shared_step(prepare(batch, 0))
         correct += int((logits.argmax(-1) == y).sum())
         total += y.numel()
     return correct / total
@@ -125,11 +125,11 @@ def train_one(split_seed: int, seed: int, extra: list[str], workdir: Path) -> li
     positions, _ = held_out_indices(split_seed, dm.hparams.test_fraction)
     images, labels = dm.tensors["test"]
     pos = torch.tensor(positions)
-    loader = InMemoryLoader(images[pos], labels[pos], 256, dm.mean, dm.std, shuffle=False)
+    loader = InMemoryLoader(images[pos], labels[pos], 256, shuffle=False)
     module = copy.deepcopy(cli.model)
     for record in recorder.records:
         module.load_state_dict(record.pop("state"))
-        record["held_acc"] = accuracy(module, loader)
+        record["held_acc"] = accuracy(module, loader, dm.on_after_batch_transfer)
     return recorder.records
 
 

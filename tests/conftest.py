@@ -90,6 +90,16 @@ def run_cli(*args: str) -> int:
     return 0
 
 
+def quiet_trainer(**kwargs):
+    """A Lightning Trainer for in-process tests: no logger, checkpoint, bar or summary unless asked."""
+    import lightning as L
+
+    quiet = dict(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    return L.Trainer(**{**quiet, **kwargs})
+
+
 def read_summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 

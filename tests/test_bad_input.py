@@ -178,8 +178,9 @@ def test_labels_out_of_range(in_tmp, capsys, monkeypatch):
             ["--data.init_args.val_fraction", "1"],
             ["train split empty", "--data.init_args.val_fraction"],
         ),
-        ("val", ["--data.init_args.val_fraction", "0"], ["The val split is empty", "val=0"]),
-        ("test", ["--data.init_args.test_fraction", "0"], ["The test split is empty", "test=0"]),
+        # No val or test data to carve from: the split is named with the setting that would carve it.
+        ("val", ["--data.init_args.val_fraction", "0"], ["There is no val split", "val_fraction is 0"]),
+        ("test", ["--data.init_args.test_fraction", "0"], ["There is no test split", "test_fraction is 0"]),
     ],
 )
 def test_empty_split(in_tmp, capsys, split, args, expected):

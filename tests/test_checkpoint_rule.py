@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from project.callbacks import RunSummary
 from project.data import digits
-from project.data.tensor_dataset import stratified_split
+from project.data.splits import stratified_split
 from tests.conftest import CONFIGS, QUIET, read_summary, run_cli
 
 # epoch -> (val/acc, val/loss). Binary fractions, exact in float32, so the summary's values compare with ==.

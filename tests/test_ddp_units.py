@@ -265,7 +265,7 @@ def test_the_replay_comparison_catches_a_sum_instead_of_a_mean():
     # difference can only come from the computation, and (2) report a sum instead of a mean. AdamW divides the
     # gradient by the root of its running square: x2 changes the update only through eps, by ~1e-7 here, which a
     # loose tolerance would not see.
-    data = ImageClassificationDataModule(batch_size=32, augment=False)
+    data = ImageClassificationDataModule(batch_size=32, augment="none")
     data.setup("fit")
     x = torch.stack([data.train_set[i][0] for i in range(320)])
     y = torch.tensor([data.train_set[i][1] for i in range(320)])

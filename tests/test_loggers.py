@@ -84,7 +84,8 @@ def test_logged_accuracy_values_in_metrics_csv(run_dir):
         module = build_model(read_checkpoint(ckpt))
         top1 = top5 = n = 0
         with torch.inference_mode():
-            for x, y in itertools.islice(loader, limit):
+            for batch in itertools.islice(loader, limit):
+                x, y = data.on_after_batch_transfer(batch, 0)  # normalised, as evaluation sees it
                 top = module(x).topk(5, dim=-1).indices
                 top1 += int((top[:, 0] == y).sum())
                 top5 += int((top == y[:, None]).any(dim=-1).sum())

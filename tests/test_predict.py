@@ -15,7 +15,6 @@ from PIL import Image
 from project.checkpoint import read_checkpoint
 from project.data import ImageClassificationDataModule
 from project.data.digits import load_digits_tensors
-from project.data.transforms import build_transform
 from project.inference import Preprocessing, build_model, preprocessing_of
 from tests.conftest import run_cli
 from tests.test_export import trapped_checkpoint
@@ -68,15 +67,16 @@ def test_predict_reproduces_the_test_accuracy(run_dir, tmp_path):
     rows = {tuple(Path(r["path"]).parts[-2:]): r for r in csv.DictReader(out.open())}
     assert len(rows) == len(formats) * seen
 
-    # The reference: decoded here, resized as in training (bilinear, antialiased), normalised with the
+    # The reference: decoded here, resized as in training (bilinear, antialiased, on 8 bits), normalised with the
     # training split's statistics from the data module (not from the checkpoint), the module's own forward.
     module = build_model(read_checkpoint(ckpt))
     mean = torch.tensor(data.mean).view(1, -1, 1, 1)
     std = torch.tensor(data.std).view(1, -1, 1, 1)
     for name, (factor, _) in formats.items():
-        x = torch.from_numpy(np.kron(pixels, np.ones((factor, factor), np.uint8))).float()[:, None] / 255
-        if factor != 1:
+        x = torch.from_numpy(np.kron(pixels, np.ones((factor, factor), np.uint8)))[:, None]
+        if factor != 1:  # training resizes the 8-bit pixels (torch's uint8 kernel), then scales to [0, 1]
             x = F.interpolate(x, size=(8, 8), mode="bilinear", antialias=True, align_corners=False)
+        x = x.float() / 255
         with torch.inference_mode():
             probs = module((x - mean) / std).softmax(dim=-1)
         p, idx = probs.max(dim=-1)
@@ -95,19 +95,31 @@ def test_predict_reproduces_the_test_accuracy(run_dir, tmp_path):
 
 @pytest.mark.claim("predict-preprocessing", "tools-start-fast")
 def test_preprocessing_gives_the_training_eval_tensors(run_dir):
-    """predict's torch-only preprocessing against the training eval transform (torchvision): the same tensors,
-    bit for bit, on the whole test split and on decoded images that need a resize, grey and RGB."""
+    """predict's torch-only preprocessing against training's evaluation inputs and against torchvision's ops
+    (pil_to_tensor, resize, Normalize): the same tensors, bit for bit, on the whole test split and on decoded
+    images that need a resize, grey and RGB."""
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as F2
+
     data, _ = _test_split(run_dir)
     prep = preprocessing_of(read_checkpoint(run_dir / "checkpoints/last.ckpt"))
     images, _ = data.tensors["test"]
     assert len(images) == len(data.test_set) == 360  # digits: a stratified 20% of 1,797 images
+    evaluated = torch.cat([data.on_after_batch_transfer(b, 0)[0] for b in data.test_dataloader()])
     for i in range(len(images)):
-        assert torch.equal(prep.tensor(images[i]), data.test_set[i][0]), i
+        assert torch.equal(prep.tensor(images[i]), evaluated[i]), i
 
     pixels = (images[:8, 0].numpy() * 255).round().astype(np.uint8)
     grey, rgb = prep, Preprocessing(prep.class_names, prep.mean * 3, prep.std * 3, (3, *prep.input_shape[1:]))
     for p, mode in ((grey, "L"), (rgb, "RGB")):
-        training = build_transform("none", p.mean, p.std, train=False, augment=False, size=p.input_shape[1:])
+        size = list(p.input_shape[1:])
+        norm = v2.Normalize(p.mean, p.std)
+
+        def training(im, size=size, norm=norm):
+            return norm(
+                F2.to_dtype(F2.resize(F2.pil_to_tensor(im), size, antialias=True), torch.float32, scale=True)
+            )
+
         for factor in (1, 2, 3, 4):  # 8x8 as saved, and larger files resized back to 8x8
             for x in pixels:
                 im = Image.fromarray(np.kron(x, np.ones((factor, factor), np.uint8))).convert(mode)

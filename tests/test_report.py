@@ -65,7 +65,8 @@ def _expected(run_dir: Path) -> dict:
     confusion, wrong = np.zeros((n, n), dtype=np.int64), []
     with torch.inference_mode():
         batches = itertools.islice(data.test_dataloader(), config["trainer"]["limit_test_batches"])
-        for i, (x, y) in enumerate(batches):
+        for i, batch in enumerate(batches):
+            x, y = data.on_after_batch_transfer(batch, 0)  # normalised, as the run's test stage saw it
             conf, pred = module.test_step((x, y), i).softmax(dim=-1).max(dim=-1)
             np.add.at(confusion, (y.numpy(), pred.numpy()), 1)
             wrong += [

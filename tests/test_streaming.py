@@ -10,6 +10,7 @@ tests/test_streaming_ddp.py).
 """
 
 import hashlib
+import json
 import os
 import shlex
 import socket
@@ -17,6 +18,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import lightning  # noqa: F401 - at collection: its log handler keeps the sys.stderr of its first import, which a capsys test closes
 import pytest
 import torch
 
@@ -332,3 +334,149 @@ def test_block_loader_same_samples_and_exact_resume(local):
     ):
         b.load_state_dict(state)
     assert head[3:] == epochs[0][3:5] and take(b, 6) == epochs[0][3:]  # batches 3 and 4 again
+
+
+# ----------------------------------------------------------------------------------------- digits, default prepare
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Path:
+    """The digits as `make prepare` writes them by default (SOURCE=digits, no other argument)."""
+    from tests.conftest import run_cli
+
+    out = tmp_path_factory.mktemp("digits") / "digits-stream"
+    assert run_cli("prepare", "--source", "digits", "--output_dir", out) == 0
+    return out
+
+
+@pytest.mark.claim("stream-resume-epoch-end")
+def test_resume_from_an_epoch_end_is_exact(digits, tmp_path):
+    """A finished 1-epoch run resumed with max_epochs 2 ends with the weights of an uninterrupted 2-epoch run, bit
+    for bit. Lightning does not restore the loader's state from a checkpoint taken at an epoch's end; the loader
+    takes the epoch from the trainer, so the resumed epoch reads epoch 1's order, not epoch 0's again. The same
+    checkpoint as a kill right after an epoch ends (scripts/kill_resume_streaming.py kills there too). A constant
+    learning rate: the default schedule's length depends on max_epochs."""
+    import importlib.util
+
+    from tests.conftest import CONFIGS, QUIET, REPO, run_cli
+
+    spec = importlib.util.spec_from_file_location("kill_resume", REPO / "scripts/kill_resume.py")
+    kill_resume = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kill_resume)
+
+    def fit(run: str, epochs: int, *extra: str) -> None:
+        args = ["fit", "--config", CONFIGS / "default.yaml", *QUIET, "--trainer.max_epochs", epochs]
+        args += ["--data", "project.data.StreamingDataModule", "--data.init_args.input_dir", digits]
+        args += ["--data.init_args.batch_size", "64", "--data.init_args.num_workers", "1"]
+        args += ["--model.init_args.scheduler", "null", "--trainer.limit_val_batches", "1"]
+        assert run_cli(*args, "--test_after_fit", "false", "--run_dir", tmp_path / run, *extra) == 0
+
+    fit("reference", 2)
+    fit("resumed", 1)
+    ckpt = torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=True)
+    (loader,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert loader["epoch_start"] and loader["current_epoch"] == 2, loader  # litdata counts epochs from 1
+    fit("resumed", 2, "--ckpt_path", "last")
+    problems = kill_resume.compare(tmp_path / "reference", tmp_path / "resumed")
+    assert problems == [], problems
+
+
+@pytest.mark.claim("stream-shards-change-per-epoch")
+def test_default_prepare_shards_change_every_epoch(digits):
+    """With the chunks `make prepare` writes by default, each of 2 DDP ranks reads another share of the training
+    split every epoch, and no sample is left out of two epochs running. The ranks are computed in this process:
+    each rank's StreamingDataset told it is rank r of 2 (litdata's _DistributedEnv), as DDP would tell it."""
+    from litdata.utilities.env import _DistributedEnv
+
+    from project.data import StreamingDataModule
+    from project.prepare import MIN_CHUNKS
+    from tests.streaming_probe import sample_key
+
+    for split in ("train", "val", "test"):
+        index = json.loads((digits / split / "index.json").read_text())
+        assert len(index["chunks"]) >= MIN_CHUNKS, (split, len(index["chunks"]))
+
+    def epochs(rank: int, n: int = 3) -> list[Counter]:
+        loader = StreamingDataModule(str(digits), batch_size=32, num_workers=0).train_dataloader()
+        loader.dataset.distributed_env = _DistributedEnv(2, rank, 1)
+        return [
+            Counter(sample_key(p, y) for b in loader for p, y in zip(b["image"], b["label"].tolist()))
+            for _ in range(n)
+        ]
+
+    from litdata import StreamingDataset
+
+    stored = Counter(sample_key(s["image"], s["label"]) for s in StreamingDataset(str(digits / "train")))
+    ranks = [epochs(0), epochs(1)]
+    for e in range(3):
+        assert [sum(r[e].values()) for r in ranks] == [640, 640]  # 20 batches of 32 each (README)
+        assert ranks[0][e] + ranks[1][e] <= stored  # disjoint
+    for r in ranks:
+        assert r[0] != r[1] and r[1] != r[2], "a rank read the same share in two epochs running"
+    for e in range(2):
+        seen = ranks[0][e] + ranks[1][e] + ranks[0][e + 1] + ranks[1][e + 1]
+        assert set(stored) <= set(seen), (
+            f"{len(set(stored) - set(seen))} samples left out of epochs {e}, {e + 1}"
+        )
+
+
+def _delete_chunk(split: Path) -> Path:
+    chunk = sorted(split.glob("chunk-*.bin"))[3]
+    chunk.unlink()
+    return chunk
+
+
+def _truncate_chunk(split: Path) -> Path:
+    chunk = sorted(split.glob("chunk-*.bin"))[3]
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    return chunk
+
+
+def _overwrite_header(split: Path) -> Path:
+    chunk = sorted(split.glob("chunk-*.bin"))[3]
+    with open(chunk, "r+b") as f:
+        f.write(b"\xde\xad\xbe\xef" * 4)  # the same size: only the header says it is damaged
+    return chunk
+
+
+def _delete_index(split: Path) -> Path:
+    index = split / "index.json"
+    index.unlink()
+    return index
+
+
+@pytest.mark.claim("stream-bad-chunks")
+@pytest.mark.parametrize("damage", [_delete_chunk, _delete_index, _truncate_chunk, _overwrite_header])
+def test_damaged_split_is_one_paragraph_and_no_run_dir(digits, damage, in_tmp, capsys):
+    """A deleted chunk file, a missing index.json, a truncated chunk or one whose header was overwritten: the run
+    stops before it starts (exit code 2, no run directory), naming the file and the prepare command that fixes it."""
+    import shutil
+
+    from tests.test_bad_input import fails
+
+    data = in_tmp / "digits-stream"
+    shutil.copytree(digits, data)
+    bad = damage(data / "train")
+    err = fails(capsys, "--data", "project.data.StreamingDataModule", "--data.init_args.input_dir", str(data))
+    assert str(bad) in err and "python -m project prepare --source digits" in err, err
+    assert f"--output_dir {data} --overwrite true" in err, err
+
+
+@pytest.mark.claim("stream-bad-chunks")
+def test_chunk_deleted_during_the_run_is_named(digits, tmp_path):
+    """A chunk file deleted after the run checked it: the loader's error says the file is missing and what to do,
+    not litdata's "hung or crashed download" (nothing is downloaded from a local directory)."""
+    import shutil
+
+    from project.data import StreamingDataModule
+
+    data = tmp_path / "digits-stream"
+    shutil.copytree(digits, data)
+    dm = StreamingDataModule(str(data), batch_size=32, num_workers=0)
+    dm.setup("fit")  # the check passes
+    loader = dm.train_dataloader()
+    for chunk in data.glob("train/chunk-*.bin"):
+        chunk.unlink()
+    with pytest.raises(ConfigError) as raised:
+        next(iter(loader))
+    text = str(raised.value)
+    assert "is missing: the chunk file was deleted or moved" in text and "--overwrite true" in text, text
+    assert "download" not in text.split("(")[0], text

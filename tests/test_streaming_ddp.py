@@ -1,12 +1,13 @@
 """StreamingDataModule under DDP (gloo, 2 processes): shards, evaluation counts, epoch end, kill -9 and resume.
 
-One test, three 2-rank runs of `python -m project fit` (configs/default.yaml + configs/ddp.yaml, the data module
+One test, four 2-rank runs of `python -m project fit` (configs/default.yaml + configs/ddp.yaml, the data module
 replaced by tests/streaming_probe.py's recording subclass of project.data.StreamingDataModule) on the digits
 prepared by `python -m project prepare`:
   1. an uninterrupted 2-epoch run, the reference: per rank and epoch, the samples read (disjoint, reshuffled, the
      whole split but the documented remainder), every validation and test sample counted exactly once, both
      processes gone at the end (no hang at an epoch's end: litdata issue #129);
-  2. the same run killed with SIGKILL (every rank) in the middle of an optimizer step of the second epoch;
+  2. the same run given max_epochs 1 (it finishes: a checkpoint at an epoch's end), then resumed with max_epochs 2
+     and killed with SIGKILL (every rank) in the middle of an optimizer step of the second epoch;
   3. its resume from `last`: the rest of that epoch reads exactly the batches the reference read there, and the
      final weights and summary equal the reference's bit for bit (scripts/kill_resume.py's compare).
 
@@ -176,12 +177,13 @@ def flat(batches: list[list[str]]) -> list[str]:
     "stream-eval-exactly-once",
     "stream-ddp-epoch-end",
     "stream-ddp-resume-exact",
+    "stream-resume-epoch-end",
 )
-@pytest.mark.timeout(3 * LAUNCH_DEADLINE_S + 120)  # three runs, each with its own deadline, and the prepare
+@pytest.mark.timeout(4 * LAUNCH_DEADLINE_S + 120)  # four runs, each with its own deadline, and the prepare
 def test_two_ranks_shards_eval_epoch_end_and_kill_9_resume(tmp_path):
     data = tmp_path / "digits-stream"
-    # 8 KB chunks: ~13 chunk files in the training split, so that the ranks' shards are made of several chunks
-    assert run_cli("prepare", "--source", "digits", "--output_dir", data, "--chunk_bytes", "8KB") == 0
+    # as `make prepare` writes them: the default chunks (at least project.prepare.MIN_CHUNKS per split)
+    assert run_cli("prepare", "--source", "digits", "--output_dir", data) == 0
     assert json.loads((data / "prepare.json").read_text())["splits"] == SPLITS
     stored = {split: stored_keys(data / split) for split in SPLITS}
     assert {split: sum(c.values()) for split, c in stored.items()} == SPLITS
@@ -209,6 +211,10 @@ def test_two_ranks_shards_eval_epoch_end_and_kill_9_resume(tmp_path):
             "--data.init_args.record_dir",
             str(tmp_path / record),
             "--trainer.callbacks+=tests.streaming_probe.EvalCounts",
+            # constant: the run killed below first finishes 1 epoch, then is resumed with max_epochs 2, and the
+            # default schedule's length follows max_epochs
+            "--model.init_args.scheduler",
+            "null",
             "--run_dir",
             str(tmp_path / run),
             *extra,
@@ -249,8 +255,13 @@ def test_two_ranks_shards_eval_epoch_end_and_kill_9_resume(tmp_path):
     summary = json.loads((tmp_path / "reference" / "summary.json").read_text())
     assert summary["global_step"] == EPOCHS * STEPS_PER_EPOCH and summary["epochs"] == EPOCHS
 
-    # 2. Killed in the middle of an optimizer step (scripts/kill_resume.py's KillPoint: each rank writes the
-    # marker there and waits), with a mid-epoch `last` checkpoint written just before.
+    # 2. The same run, first given max_epochs 1: it finishes that epoch (a checkpoint at an epoch's end, from
+    # which Lightning does not restore the loader's state: the loader takes its epoch from the trainer)...
+    first = fit("killed", "rec-first", "--trainer.max_epochs", "1", "--test_after_fit", "false")
+    codes = run_ranks(first, tmp_path, tmp_path / "logs-first")
+    assert codes == [0, 0], (tmp_path / "logs-first" / "rank0.log").read_text()[-3000:]
+    # ... then is resumed with max_epochs 2 and killed in the middle of an optimizer step (scripts/kill_resume.py's
+    # KillPoint: each rank writes the marker there and waits), with a mid-epoch `last` written just before.
     marker = tmp_path / kill_resume.MARKER
     point = {"mode": "train", "step": KILL_AFTER_STEP, "marker": str(marker)}
     probe = json.dumps({"class_path": "scripts.kill_resume.KillPoint", "init_args": point})
@@ -258,7 +269,8 @@ def test_two_ranks_shards_eval_epoch_end_and_kill_9_resume(tmp_path):
         "--checkpoint_every_n_steps",
         str(KILL_AFTER_STEP),
     ]  # `last` after the step before the kill
-    killed_args = fit("killed", "rec-killed", *ckpt_at_kill, f"--trainer.callbacks+={probe}")
+    resume = ["--ckpt_path", "last", f"--trainer.callbacks+={probe}"]
+    killed_args = fit("killed", "rec-killed", *ckpt_at_kill, *resume)
     codes = run_ranks(killed_args, tmp_path, tmp_path / "logs-killed", until=marker.exists)
     assert marker.exists() and codes == [-signal.SIGKILL] * WORLD, codes
     landed = json.loads(marker.read_text())

@@ -171,14 +171,14 @@ def test_key_hyperparameters_name_what_changed():
         "run_dir": "runs/a",
         "trainer": {"max_epochs": 15, "precision": None, "callbacks": [{"init_args": {"dirpath": "a"}}]},
         "model": {"init_args": {"optimizer": {"init_args": {"lr": 0.003}}, "label_smoothing": 0.1}},
-        "data": {"init_args": {"batch_size": 64, "augment": False}},
+        "data": {"init_args": {"batch_size": 64, "augment": "none"}},
     }
     config = yaml.safe_load(yaml.safe_dump(defaults))
     config["run_dir"] = "runs/b"  # where it writes: not a hyperparameter
     config["trainer"]["callbacks"][0]["init_args"]["dirpath"] = "b"
     config["model"]["init_args"]["optimizer"]["init_args"]["lr"] = 0.01
     config["model"]["init_args"]["label_smoothing"] = 0.0
-    config["data"]["init_args"]["augment"] = True
+    config["data"]["init_args"]["augment"] = "affine"
     config["trainer"]["max_epochs"] = 3
     trainer = SimpleNamespace(max_epochs=3, precision="32-true", num_devices=2, num_nodes=1, optimizers=[])
     module = SimpleNamespace(model=SimpleNamespace())
@@ -192,7 +192,7 @@ def test_key_hyperparameters_name_what_changed():
         "precision": "32-true",
         "devices": 2,
         "nodes": 1,
-        "data.init_args.augment": True,
+        "data.init_args.augment": "affine",
         "model.init_args.label_smoothing": 0.0,
     }
     # The module's own `lr` (before the optimizer became config) is found too.

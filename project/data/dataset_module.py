@@ -13,26 +13,22 @@ project/data/datamodule.py.
 """
 
 import copy
-import math
 from collections.abc import Callable
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from project.data.rank_shard import rank_shard
+from project.data.base import ClassificationData
+from project.data.loaders import eval_loader, loader_args, train_loader
 from project.data.resumable_loader import ResumableDataLoader
-from project.data.tensor_dataset import stratified_split
+from project.data.splits import carve
 from project.data.validate import check_batch_size, check_labels, check_split_sizes
-from project.data.workers import default_num_workers
 from project.errors import ConfigError
-from project.rng import run_seed
 
 
-class DatasetDataModule(L.LightningDataModule):
+class DatasetDataModule(ClassificationData):
     """Your own map-style Datasets, their collate_fn, seeded splits and resumable, DDP-sharded loaders.
 
     Args:
@@ -105,29 +101,15 @@ class DatasetDataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    def prepare_data(self) -> None:
-        # As ImageClassificationDataModule: bad data fails before the loggers write the run directory.
-        fn = self.trainer.state.fn if self.trainer is not None else None
-        self.setup(fn.value if fn is not None else None)
-
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         hp, given = self.hparams, self.datasets
         train = given["train"]
-        index = list(range(len(train)))
-        labels = _targets(train)
-        carved = {}
-        for name, fraction in (
-            ("test", hp.test_fraction),
-            ("val", hp.val_fraction),
-        ):  # test first, as for images
-            if given[name] is None:
-                index, carved[name] = _carve(index, labels, fraction, hp.split_seed, name)
+        wanted = {"test": hp.test_fraction, "val": hp.val_fraction}
+        fractions = {name: f for name, f in wanted.items() if given[name] is None}
+        carved = carve(_targets(train), len(train), fractions, hp.split_seed)
+        index = carved["train"]
         self.train_set = train if len(index) == len(train) else Subset(train, index)
         self.val_set = given["val"] if given["val"] is not None else Subset(train, carved["val"])
         self.test_set = given["test"] if given["test"] is not None else Subset(train, carved["test"])
@@ -143,53 +125,28 @@ class DatasetDataModule(L.LightningDataModule):
         sizes = {"train": len(self.train_set), "val": len(self.val_set), "test": len(self.test_set)}
         check_split_sizes(sizes, f"val_fraction={hp.val_fraction}, test_fraction={hp.test_fraction}")
         if stage in (None, "fit"):
-            check_batch_size(sizes["train"], self._world()[1], hp.batch_size)
+            check_batch_size(sizes["train"], self.world_size(), hp.batch_size)
 
-    def _world(self) -> tuple[int, int]:
-        """(global rank, world size): (0, 1) without a Trainer."""
-        return (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
-
-    def _common(self) -> dict[str, Any]:
+    def _args(self) -> dict[str, Any]:
         hp = self.hparams
-        workers = hp.num_workers
-        if workers is None:
-            workers = default_num_workers(True, self.trainer.num_devices if self.trainer is not None else 1)
-        return dict(
-            batch_size=hp.batch_size,
-            num_workers=workers,
-            pin_memory=hp.pin_memory if hp.pin_memory is not None else torch.cuda.is_available(),
-            persistent_workers=workers > 0,
-            collate_fn=self.collate_fn,
-            generator=torch.Generator(),  # never the global RNG: see datamodule.py's _loader
-        )
+        return loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, True, self.collate_fn)
 
     def train_dataloader(self) -> ResumableDataLoader:
-        check_batch_size(len(self.train_set), self._world()[1], self.hparams.batch_size)
-        sampler = rank_shard(len(self.train_set), run_seed(), self.trainer)
-        return ResumableDataLoader(self.train_set, seed=run_seed(), sampler=sampler, **self._common())
-
-    def _eval_loader(self, dataset: Dataset) -> DataLoader:
-        rank, world = self._world()
-        # DDP: each sample on exactly one rank, so none is counted twice in val/test metrics (datamodule.py).
-        sampler = UnrepeatedDistributedSampler(dataset, world, rank, shuffle=False) if world > 1 else None
-        return DataLoader(dataset, shuffle=False, sampler=sampler, **self._common())
+        return train_loader(self.train_set, self.trainer, self._args())
 
     def val_dataloader(self) -> DataLoader:
-        return self._eval_loader(self.val_set)
+        return eval_loader(self.val_set, self.trainer, self._args())
 
     def test_dataloader(self) -> DataLoader:
-        return self._eval_loader(self.test_set)
+        return eval_loader(self.test_set, self.trainer, self._args())
+
+    def describe_data(self) -> str:
+        return f"the dataset {_qualified_name(self.datasets['train'])}"
 
     def state_dict(self) -> dict:
         # The class names, for the report and a later test; no `mean`: predict and export take image checkpoints
         # only, and tell the user so (project/inference.py).
         return {"class_names": self.class_names, "dataset": _qualified_name(self.datasets["train"])}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("class_names") not in (None, self.class_names):
-            raise ConfigError(
-                f"The checkpoint was trained on classes {state['class_names']}, but the data has {self.class_names}."
-            )
 
 
 def _attribute(dataset: Dataset, name: str):
@@ -231,26 +188,6 @@ def _class_names(dataset: Dataset, num_classes: int | None) -> list[str]:
     if int(count) < 2:
         raise ConfigError(f"data.num_classes must be at least 2, got {count}.")
     return [str(i) for i in range(int(count))]
-
-
-def _carve(
-    index: list[int], labels: list[int] | None, fraction: float, seed: int, name: str
-) -> tuple[list[int], list[int]]:
-    """Hold out `fraction` of `index`: stratified by label when labels are known, else a seeded permutation."""
-    if labels is not None:
-        try:
-            keep, held = stratified_split([labels[i] for i in index], fraction, seed)
-        except ValueError as err:
-            raise ConfigError(
-                f"Cannot hold out a stratified {name} split (data.{name}_fraction={fraction}) from {len(index)} "
-                f"samples: {err} Change --data.init_args.{name}_fraction, give a {name} dataset, or add data."
-            ) from err
-        return [index[i] for i in keep], [index[i] for i in held]
-    order = torch.randperm(len(index), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_held = math.ceil(fraction * len(index))  # as stratified_split counts
-    held = sorted(order[:n_held])
-    held_set = set(held)
-    return [index[i] for i in range(len(index)) if i not in held_set], [index[i] for i in held]
 
 
 def _qualified_name(obj: Any) -> str:

@@ -16,30 +16,28 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from project.data.batch_augment import AUGMENT_POLICIES, augment_batch
 from project.data.epoch_sampler import EpochSampler
-from project.data.normalize import normalize
-from project.rng import mix_seed
 
 
 class InMemoryLoader:
-    """Yields normalised (x, y) batches from images held in one tensor (on the training device).
+    """Yields (pixels, labels) batches from images held in one tensor (on the training device).
+
+    The batches are what the DataLoader path's would be for the same sampler (the same EpochSampler order, the
+    same pixels); the data module augments and normalises them (project/data/base.py), as on every path.
 
     Args:
         images: (N, C, H, W) uint8, or float in [0, 1]; kept as given (uint8 stays 4x smaller).
         labels: (N,) integer class indices.
         batch_size: samples per batch on this rank.
-        mean, std: per-channel normalisation, applied after augmentation (zero fill = black, as before).
         shuffle: new permutation each epoch, drop the last partial batch (training); else in order, keep it.
-        augment: "digits", "natural" or "none" (project/data/batch_augment.py).
-        seed: permutation and augmentation seed; must be equal on all ranks.
+        seed: permutation seed; must be equal on all ranks.
         rank, world_size: this process's shard.
         device: where the split lives and batches are built.
 
     State for exact resume (Lightning saves it in checkpoints as loops.fit_loop.state_dict.combined_loader):
     `state_dict()` = {epoch, position (batches already handed out this epoch), seed, ...}; after
-    `load_state_dict`, the next iteration yields exactly the remaining batches of that epoch, with the same
-    augmentation, because every batch's randomness comes from (seed, epoch, batch index) only.
+    `load_state_dict`, the next iteration yields exactly the remaining batches of that epoch, because the order
+    comes from (seed, epoch) only.
     """
 
     def __init__(
@@ -47,24 +45,16 @@ class InMemoryLoader:
         images: Tensor,
         labels: Tensor,
         batch_size: int,
-        mean: list[float],
-        std: list[float],
         shuffle: bool,
-        augment: str = "none",
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
         device: torch.device | str = "cpu",
     ) -> None:
-        if augment not in AUGMENT_POLICIES:
-            raise ValueError(f"augment='{augment}': expected one of {AUGMENT_POLICIES}.")
         self.device = torch.device(device)
         self.images = images.to(self.device)
         self.labels = labels.long().to(self.device)
-        self.scale = 1 / 255.0 if images.dtype == torch.uint8 else 1.0
-        self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(-1, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(-1, 1, 1)
-        self.batch_size, self.shuffle, self.augment = batch_size, shuffle, augment
+        self.batch_size, self.shuffle = batch_size, shuffle
         self.sampler = EpochSampler(len(labels), shuffle, seed, rank, world_size)
         self.sampler.on_new_epoch = self._restart
         self.batch_sampler = None  # Lightning's dataloader checks read this attribute next to `sampler`
@@ -90,26 +80,14 @@ class InMemoryLoader:
         if self.position >= len(self):  # the previous epoch ran to its end: start the next one
             self.sampler.epoch += 1
             self.position = 0
-        epoch = self.sampler.epoch
-        order = self.sampler.indices(epoch).to(self.device)
+        order = self.sampler.indices(self.sampler.epoch).to(self.device)
         for b in range(self.position, len(self)):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             # counted when handed out: a checkpoint taken during this step resumes after it
             self.position = b + 1
-            yield self._batch(idx, epoch, b)
-
-    def _batch(self, idx: Tensor, epoch: int, b: int) -> tuple[Tensor, Tensor]:
-        # index_select, not images[idx]: advanced indexing took ~8 ms per 64x1x8x8 batch on 2 busy cores
-        # (an OpenMP parallel region waiting for a core), index_select ~7 us.
-        x = self.images.index_select(0, idx).float()
-        if self.scale != 1.0:
-            x.mul_(self.scale)
-        if self.augment != "none":
-            g = torch.Generator(device=self.device).manual_seed(
-                mix_seed(self.sampler.seed, epoch, b, self.sampler.rank)
-            )
-            x = augment_batch(x, self.augment, g)
-        return normalize(x, self.mean, self.std), self.labels.index_select(0, idx)
+            # index_select, not images[idx]: advanced indexing runs an OpenMP parallel region that waits for a
+            # busy core, index_select a plain gather
+            yield self.images.index_select(0, idx), self.labels.index_select(0, idx)
 
     def state_dict(self) -> dict:
         s = self.sampler

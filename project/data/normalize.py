@@ -1,13 +1,34 @@
-"""Normalisation of image batches: the one definition that training, predict and export share.
+"""The preprocessing every image path shares: `resize` to the training size, then `normalize`.
 
-Pixels travel as they were decoded (uint8, 4x smaller than float32) through the loader and the copy to the
-device; the data module's `on_after_batch_transfer` then normalises the whole batch at once on the device with
-`Normalize`, and `project/inference.py` (predict, export's preprocessing) calls the same `normalize` function,
-so the three cannot drift apart.
+An image becomes a model input in two steps, the same for training (every data path), evaluation, predict and
+export, so they cannot drift apart:
+1. `resize`: to the training size, once per image, on the CPU, in the pixels' own type (uint8 stays uint8:
+   bilinear with antialiasing, torch's uint8 kernel, the one torchvision's `resize` runs). The image module's
+   files and tensors, `prepare`'s chunks and predict all call it.
+2. `normalize`: per channel, with the training split's statistics (project/data/stats.py), on a whole batch on
+   the training device (the data modules' `on_after_batch_transfer`), or on one image in predict.
+Pixels travel as they were decoded (uint8, 4x smaller than float32) through the loader and the copy to the device.
 """
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
+
+
+def resize(x: Tensor, size: tuple[int, int] | list[int] | None) -> Tensor:
+    """A (C, H, W) or (N, C, H, W) image at `size` (H, W): bilinear, antialiased, in x's dtype (uint8 or float in
+    [0, 1], clamped); returned as it is when it has that size already (or size is None)."""
+    if size is None or tuple(x.shape[-2:]) == tuple(size):
+        return x
+    # contiguous: torch's uint8 kernel rounds differently for a channels-last input (a decoded (H, W, C) array
+    # viewed as (C, H, W)), and every path must give the same pixels
+    batch = (x if x.ndim == 4 else x[None]).contiguous()
+    if batch.dtype != torch.uint8:
+        batch = batch.to(torch.float32)
+    out = F.interpolate(batch, size=list(size), mode="bilinear", align_corners=False, antialias=True)
+    if out.dtype != torch.uint8:
+        out = out.clamp_(0, 1)
+    return (out if x.ndim == 4 else out[0]).contiguous()
 
 
 def normalize(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:

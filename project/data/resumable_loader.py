@@ -21,11 +21,9 @@ How the position is exact:
   run in lockstep, so rank 0's position (the one saved) is every rank's, and each rank skips as many batches
   into its own slice. A resume with another world size or batch size would slice or batch the epoch
   differently: `load_state_dict` refuses it, as the in-memory loader does.
-- Worker processes (num_workers > 0) draw their base seed from `self.generator`, which is re-seeded per epoch,
-  so worker augmentation is the same after an epoch-boundary resume. Mid-epoch with workers, the batch that
-  follows a resume is the same sample set, but its random augmentation differs (each worker's RNG has
-  consumed a different number of draws); with num_workers=0 augmentation uses the global torch RNG, which
-  RNGState restores, so mid-epoch resume is exact.
+- Worker processes (num_workers > 0) draw their base seed from `self.generator`, re-seeded per epoch, so a
+  dataset's own randomness in a worker is the same after an epoch-boundary resume; the image modules' workers
+  draw none (they decode and resize; augmentation runs per batch on the device, seeded by the batch's place).
 - A sampler that is not an EpochSampler (Lightning re-creating the loader with its DistributedSamplerWrapper
   when the loader is given a plain sampler under DDP, or `overfit_batches`) cannot start mid-epoch: after a
   mid-epoch resume there, the rest of the interrupted epoch is drawn from the start of that epoch's order.

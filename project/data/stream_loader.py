@@ -42,7 +42,10 @@ synchronous.
 """
 
 import itertools
+import os
+import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,6 +55,8 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from litdata import StreamingDataLoader, StreamingDataset
 from torch import Tensor
 from torch.utils.data import default_collate
+
+from project.errors import ConfigError
 
 BLOCK_BYTES = 256 * 1024  # a block's size limit: below the 3x64x64 crossover of the table above
 # 1/8 of the per-message cost is below the noise of a step; longer blocks make each block's read longer
@@ -87,6 +92,11 @@ class BlockLoader(StreamingDataLoader):
         batches_per_block: k (see `batches_per_block()`); 1 is litdata's StreamingDataLoader with tensors.
         prestart: when the epoch's last batch is handed out, start the next epoch (the workers' reset and its first
             block) in a thread, so that it is read while the last step, validation and checkpoints run.
+        epoch: the training epoch (0-based) an `iter()` starts, e.g. `lambda: trainer.current_epoch`; None counts
+            the loader's own `iter()` calls (litdata's way). Lightning restores a loader's state only when the
+            checkpoint is inside an epoch: resumed from an epoch's end, the loader's own count would restart at
+            the first epoch and read its order again.
+        fix: what to do when a chunk file goes missing during the run (said in the error).
         **kwargs: StreamingDataLoader's arguments (num_workers, pin_memory, drop_last, ...).
     """
 
@@ -96,6 +106,9 @@ class BlockLoader(StreamingDataLoader):
         batch_size: int,
         batches_per_block: int = 1,
         prestart: bool = False,
+        epoch: Callable[[], int] | None = None,
+        fix: str = "Write the dataset again with the `python -m project prepare` command that wrote it, adding "
+        "--overwrite true.",
         **kwargs: Any,
     ):
         if batches_per_block > 1:
@@ -108,22 +121,32 @@ class BlockLoader(StreamingDataLoader):
         self._loaded: dict | None = None  # the litdata state load_state_dict restored (mid-epoch)
         self._handed_out = False  # the current epoch's last batch has been handed out
         self.prestart = prestart
-        # the started next epoch: its thread, litdata's generator of blocks, and {"block" or "error": ...}
-        self._next: tuple[threading.Thread, Any, dict] | None = None
+        self.epoch, self.fix = epoch, fix
+        # the started next epoch: its thread, litdata's generator of blocks, {"block" or "error": ...}, and its
+        # training epoch
+        self._next: tuple[threading.Thread, Any, dict, int] | None = None
 
     def __len__(self) -> int:
         return super().__len__() * self.batches_per_block
 
     def __iter__(self):
+        # A generator: nothing below runs before the first batch is asked for, so `self.epoch()` reads the epoch
+        # being trained (Lightning calls iter() for a resumed run before it has counted the finished epoch).
+        if self._next is not None and self.epoch is not None and self._next[3] != self.epoch():
+            self._drop_started_epoch()  # started for an epoch that is not the one being trained
         if self._next is not None:
-            blocks_iter = self._started_epoch()
+            blocks_iter = self._reads(self._started_epoch)
         else:
             if self._handed_out:
                 # Lightning takes len(self) batches and never exhausts the generator, so litdata's end-of-epoch code
                 # does not run: after a resumed epoch its `restore` stays on, and with no worker process the next
                 # epoch would replay the restored state instead of starting (an empty epoch: litdata 0.2.76).
                 self.restore = False
-            blocks_iter = super().__iter__()
+            if not self.restore and self.epoch is not None:
+                # litdata counts epochs from 1 and adds one at each fresh iter(): (seed, epoch + 1) is this
+                # epoch's order whatever the loader saw before (a mid-epoch restore keeps the saved epoch).
+                self.current_epoch = self.epoch()
+            blocks_iter = self._reads(lambda: StreamingDataLoader.__iter__(self))
         self._handed_out = False
         k, b, blocks = self.batches_per_block, self.batch_size_out, super().__len__()
         skip, self._skip = self._skip, 0
@@ -145,9 +168,36 @@ class BlockLoader(StreamingDataLoader):
             if k > 1:
                 self._before = super().state_dict()  # after this block = before the next
 
+    def _reads(self, blocks: Callable[[], Any]):
+        """litdata's blocks, with a chunk file missing from a local dataset reported as that."""
+        try:
+            yield from blocks()
+        except Exception as err:
+            missing = self._missing_chunk(err)
+            if missing is None:
+                raise
+            raise missing from err
+
+    def _missing_chunk(self, err: Exception) -> ConfigError | None:
+        """litdata waits for a chunk file that is not on disk as for a download in progress, then times out
+        blaming "a hung or crashed download" (litdata 0.2.76; from a worker, as a RuntimeError with that text).
+        A local dataset downloads nothing: the file was deleted or moved after the run checked it."""
+        found = re.search(r"waiting for chunk (\S+?)\.? ", str(err))
+        input_dir = getattr(self.dataset, "input_dir", None)
+        if found is None or input_dir is None or input_dir.url or os.path.exists(found.group(1)):
+            return None
+        return ConfigError(
+            f"'{found.group(1)}' is missing: the chunk file was deleted or moved while this run was reading "
+            f"'{input_dir.path}' (litdata waited for it as for a download). {self.fix} Then resume the run with "
+            "--ckpt_path last."
+        )
+
     def _start_next_epoch(self) -> None:
         """litdata's next epoch, up to its first block, in a thread (mostly waiting for the worker: no GIL)."""
         self.restore = False  # see __iter__
+        following = (self.epoch() if self.epoch is not None else self.current_epoch) + 1
+        if self.epoch is not None:
+            self.current_epoch = following  # the next training epoch: litdata's epoch following + 1
         blocks = StreamingDataLoader.__iter__(self)
         first: dict = {}
 
@@ -159,11 +209,18 @@ class BlockLoader(StreamingDataLoader):
 
         thread = threading.Thread(target=read_first, name="stream-next-epoch", daemon=True)
         thread.start()
-        self._next = (thread, blocks, first)
+        self._next = (thread, blocks, first, following)
+
+    def _drop_started_epoch(self) -> None:
+        thread, blocks, _, _ = self._next
+        self._next = None
+        thread.join()
+        blocks.close()
+        self.restore = False
 
     def _started_epoch(self):
         """The blocks of the epoch `_start_next_epoch` started, its first one included."""
-        thread, blocks, first = self._next
+        thread, blocks, first, _ = self._next
         self._next = None
         thread.join()
         if isinstance(first.get("error"), StopIteration):

@@ -9,9 +9,9 @@ training device (`on_after_batch_transfer`), a whole batch at a time.
 What litdata does and what this module relies on or corrects (litdata 0.2.76):
 - Sharding: each StreamingDataset detects the process group (rank, world size) and gives each rank and each
   loader worker its own chunks/intervals; Lightning injects no sampler into an IterableDataset.
-- Training: shuffled (chunk order, then samples within a chunk window) with seed + epoch: the loader counts
-  its epochs itself (each `iter()` is one; Lightning starts one per training epoch) and calls
-  `dataset.set_epoch`, so every epoch has a new order. drop_last: every rank and worker gets the same number of
+- Training: shuffled (chunk order, then samples within a chunk window) with seed + epoch: the loader takes the
+  epoch from the trainer (litdata's loader counts its own `iter()` calls, which restart from the first epoch when
+  a run resumes from an epoch's end) and calls `dataset.set_epoch`, so every epoch has a new order. drop_last: every rank and worker gets the same number of
   full batches (DDP ranks stay in lockstep); the remainder is left out that epoch. Loader workers are persistent: they
   read the same batches each epoch as fresh ones (checked over 3 epochs), and a mid-epoch resume under DDP ends
   bit-identical with them (tests/test_streaming_ddp.py: one worker per rank).
@@ -20,7 +20,9 @@ What litdata does and what this module relies on or corrects (litdata 0.2.76):
   sample is counted exactly once (ranks may run different numbers of evaluation batches, which is safe: the
   metrics are synced once, at epoch end).
 - Resume: StreamingDataLoader has `state_dict()`/`load_state_dict()` (samples yielded, epoch), which Lightning
-  saves in every checkpoint for a training loader that has them and restores before the resumed epoch.
+  saves in every checkpoint for a training loader that has them and restores before a resumed mid-epoch.
+- Checks: before a run, each split's index.json against prepare.json and, for a local directory, each chunk
+  file's size and header against the index (project/data/chunks.py `check_split`).
 """
 
 import logging
@@ -28,30 +30,27 @@ import math
 import os
 import warnings
 
-import lightning as L
 import torch
-from torch import Tensor
 
-from project.data.batch_augment import augment_batch
-from project.data.normalize import Normalize
+from project.data.augment import Recipe, recipe_for
+from project.data.base import ImageData
+from project.data.chunks import allow_plain_http, check_split, join, read_metadata, rewrite_hint
 from project.data.validate import check_batch_size
 from project.data.workers import default_num_workers
 from project.errors import ConfigError
-from project.prepare import allow_plain_http, join, read_metadata
-from project.rng import mix_seed, run_seed
-
-AUGMENT_STREAM = 2  # mix_seed(seed, epoch, batch, rank, 2): a training batch's augmentation
+from project.rng import run_seed
 
 
-class StreamingDataModule(L.LightningDataModule):
+class StreamingDataModule(ImageData):
     """Image classification from a dataset written by `python -m project prepare`.
 
     Args:
         input_dir: what prepare wrote: a local directory or an object-store URL (s3://bucket/prefix).
         batch_size: samples per batch *per device*; the global batch is batch_size x devices x nodes.
         num_workers: loader worker processes per device; None picks one from the CPU count and process count.
-        augment: apply the source's training augmentation on each batch (shifts for digits-like data, crop +
-            flip for photos; project/data/batch_augment.py), as the image module's in-memory path does.
+        augment: the training augmentation recipe (`affine`, `crop_flip`, `none`; project/data/augment.py), the
+            image module's; unset: the prepared source's (affine for digits and MNIST, crop_flip for CIFAR-10 and
+            ImageFolder, none for FashionMNIST). The same recipe, code and seeds as on the image module's paths.
         shuffle: shuffle the training split (a new order each epoch); False reads it in stored order.
         image_size: the size the data was prepared at (None accepts it); a different size is an error that
             names the prepare command, not a silent mismatch with the model.
@@ -62,14 +61,13 @@ class StreamingDataModule(L.LightningDataModule):
             the AWS_* environment variables.
     """
 
-    labels_checked = True  # prepare writes class indices in [0, num_classes) only
 
     def __init__(
         self,
         input_dir: str,
         batch_size: int = 64,
         num_workers: int | None = None,
-        augment: bool = True,
+        augment: Recipe | None = None,
         shuffle: bool = True,
         image_size: int | None = None,
         pin_memory: bool | None = None,
@@ -104,30 +102,28 @@ class StreamingDataModule(L.LightningDataModule):
             )
         self.mean: list[float] = list(meta["mean"])
         self.std: list[float] = list(meta["std"])
-        self.policy = meta.get("augment_policy", "none") if augment else "none"
+        self.recipe = recipe_for(augment, meta["source"])
         self.split_sizes: dict[str, int] = dict(meta["splits"])
-        self._normalize: Normalize | None = None
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
-    def in_channels(self) -> int:
-        return self.input_shape[0]
-
-    def prepare_data(self) -> None:
-        # Lightning creates the loggers' files between prepare_data and setup: a batch larger than the training
-        # split fails here, before a run directory is written (README "Bad input").
-        fn = self.trainer.state.fn if self.trainer is not None else None
-        self.setup(fn.value if fn is not None else None)
+        self._checked: set[str] = set()  # the splits check_split has passed
 
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit"):
-            check_batch_size(self.split_sizes["train"], self._world_size(), self.hparams.batch_size)
+            check_batch_size(self.split_sizes["train"], self.world_size(), self.hparams.batch_size)
+        splits = {
+            None: ("train", "val", "test"),
+            "fit": ("train", "val"),
+            "validate": ("val",),
+            "test": ("test",),
+        }
+        for split in splits.get(stage, ()):
+            if split not in self._checked:
+                # index.json against prepare.json, and (local) each chunk file's size and header against the index:
+                # a deleted, truncated or overwritten file is named here, not by a loader worker mid-epoch
+                check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
+                self._checked.add(split)
 
-    def _world_size(self) -> int:
-        return self.trainer.world_size if self.trainer is not None else 1
+    def _training_epoch(self) -> int:
+        return self.trainer.current_epoch
 
     def _loader(self, split: str, train: bool):
         from litdata import StreamingDataset
@@ -169,6 +165,10 @@ class StreamingDataModule(L.LightningDataModule):
         k = batches_per_block(dataset, workers, hp.batch_size, batch_bytes) if train else 1
         return BlockLoader(
             dataset,
+            # The trainer's epoch, not the loader's own count: resumed from an epoch's end, Lightning does not
+            # restore the loader's state, and the count would start again at the first epoch's order.
+            epoch=self._training_epoch if train and self.trainer is not None else None,
+            fix=f"Write the dataset again: {rewrite_hint(self.meta, self.input_dir)}.",
             batch_size=hp.batch_size,
             batches_per_block=k,
             prestart=train and workers > 0,  # the next epoch's first batches read during validation
@@ -196,34 +196,5 @@ class StreamingDataModule(L.LightningDataModule):
     def test_dataloader(self):
         return self._loader("test", train=False)
 
-    def on_after_batch_transfer(self, batch, dataloader_idx: int) -> tuple[Tensor, Tensor]:
-        """uint8 batch on the device -> augmented (training) and normalised float32 (x, y)."""
-        x, y = (batch["image"], batch["label"]) if isinstance(batch, dict) else batch
-        trainer = self.trainer
-        if self.policy != "none" and trainer is not None and trainer.training:
-            # A function of (seed, epoch, batch index in the epoch, rank) only: the same after a resume.
-            b = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-            g = torch.Generator(device=x.device).manual_seed(
-                mix_seed(run_seed(), trainer.current_epoch, b, trainer.global_rank, AUGMENT_STREAM)
-            )
-            x = augment_batch(x.float().mul_(1 / 255.0), self.policy, g)  # on [0, 1] floats
-        if self._normalize is None:
-            self._normalize = Normalize(self.mean, self.std)  # the function predict and export use too
-        # uint8 (or the augmented [0, 1] floats) -> float32 (x / 255 - mean) / std
-        return self._normalize(x), y.long()
-
-    def state_dict(self) -> dict:
-        # Saved in every checkpoint so prediction and export know the classes and the preprocessing.
-        return {
-            "class_names": self.class_names,
-            "mean": self.mean,
-            "std": self.std,
-            "input_shape": list(self.input_shape),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("class_names") not in (None, self.class_names):
-            raise ConfigError(
-                f"The checkpoint was trained on classes {state['class_names']}, but '{self.input_dir}' has "
-                f"{self.class_names}."
-            )
+    def describe_data(self) -> str:
+        return f"'{self.input_dir}'"

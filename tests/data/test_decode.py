@@ -1,5 +1,5 @@
-"""ImageFolder's decoder and normalisation (project/data/decode.py, normalize.py, transforms.py): PIL's pixels,
-torchvision's reference output for the same crop, and one normalisation for training, predict and export.
+"""ImageFolder's decoder and preprocessing (project/data/decode.py, normalize.py): PIL's pixels, torchvision's
+resize, and one preprocessing for training, predict and export.
 In-process, on a few generated files."""
 
 import importlib.util
@@ -12,7 +12,6 @@ from PIL import Image
 from torch.utils.data import default_collate
 
 from project.data import ImageClassificationDataModule, decode
-from project.data.transforms import image_folder_transform
 from project.inference import preprocessing_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,29 +63,27 @@ def test_decoder_gives_pils_pixels(photos, tmp_path):
 
 
 @pytest.mark.claim("decode-same-output")
-def test_training_crop_matches_torchvision_reference(photos):
-    """The default training transform, given the reference's crop parameters, differs from torchvision's
-    reference (PIL RandomResizedCrop, flip, ToTensor) by less than the reference differs from itself with
-    another resampling filter (bicubic for bilinear), per image: no quality is bought for speed."""
-    from torchvision.transforms import InterpolationMode
-    from torchvision.transforms.v2 import RandomHorizontalFlip, RandomResizedCrop
+def test_resize_is_torchvisions_and_close_to_pils(photos):
+    """`resize` (the training size, every path and predict) gives torchvision's v2 `resize` of the uint8 image,
+    bit for bit, and differs from PIL's bilinear resize of the same image by less than PIL differs from itself with
+    a bicubic filter: no quality is bought for speed."""
     from torchvision.transforms.v2 import functional as F2
 
-    bench = bench_decode()
-    crop, flip = image_folder_transform(train=True, augment=True, size=(224, 224)).transforms
-    assert isinstance(crop, RandomResizedCrop) and isinstance(flip, RandomHorizontalFlip)
-    assert crop.scale == (0.08, 1.0) and InterpolationMode(crop.interpolation) == InterpolationMode.BILINEAR
-    # a random crop per image as RandomResizedCrop draws it, and the whole image (its largest downscale)
-    cases = [(p, bench.crop_params(p, seed=k)) for k, p in enumerate(photos)]
-    cases += [(p, (0, 0, bench.H, bench.W, False)) for p in photos]
-    for path, params in cases:
-        i, j, h, w, flipped = params
-        ours = F2.resized_crop(decode.load_image(path), i, j, h, w, list(crop.size), antialias=crop.antialias)
-        ours = (F2.horizontal_flip(ours) if flipped else ours).float() / 255
-        reference = bench.reference_fixed(path, params)
-        filters = (reference - bench.reference_fixed(path, params, InterpolationMode.BICUBIC)).abs().mean()
-        ours_diff = (ours - reference).abs().mean()
-        assert ours_diff < filters, (path, params, ours_diff.item(), filters.item())
+    from project.data.normalize import resize
+
+    for path in photos:
+        x = decode.load_image(path)
+        for size in ((224, 224), (64, 64), (32, 48)):
+            ours = resize(x, size)
+            assert ours.dtype == torch.uint8 and torch.equal(ours, F2.resize(x, list(size), antialias=True))
+            with Image.open(path) as im:
+                rgb = im.convert("RGB")
+                pil = {
+                    f: torch.from_numpy(np.array(rgb.resize(size[::-1], f))).permute(2, 0, 1).float()
+                    for f in (Image.BILINEAR, Image.BICUBIC)
+                }
+            filters = (pil[Image.BILINEAR] - pil[Image.BICUBIC]).abs().mean()
+            assert (ours.float() - pil[Image.BILINEAR]).abs().mean() < filters, (path, size)
 
 
 @pytest.mark.claim("normalize-one-function")
@@ -103,7 +100,7 @@ def test_training_predict_and_export_normalise_alike(photos, tmp_path):
                 source = photos[(n + (c == "b")) % len(photos)]
                 (root / split / c / f"{n}.jpg").write_bytes(source.read_bytes())
     args = dict(source="imagefolder", root=str(root), image_size=32, batch_size=4, num_workers=0)
-    dm = ImageClassificationDataModule(augment=False, val_fraction=0.25, **args)
+    dm = ImageClassificationDataModule(augment="none", val_fraction=0.25, **args)
     dm.setup("fit")
     prep = preprocessing_of({"data": dm.state_dict()})
 
@@ -114,20 +111,26 @@ def test_training_predict_and_export_normalise_alike(photos, tmp_path):
                 out.append(prep.image(im))
         return torch.stack(out)
 
-    # training (augment off: the evaluation transform), and the test split as Trainer.test sees it
-    train_paths = [dm.train_set.dataset.samples[i][0] for i in dm.train_set.indices[:4]]
+    # training (augment off), and the test split as Trainer.test sees it
+    train_paths = [p for p, _ in dm.train_set.samples[:4]]
     x, _ = dm.on_after_batch_transfer(default_collate([dm.train_set[i] for i in range(4)]), 0)
     assert x.dtype == torch.float32 and torch.equal(x, predicted(train_paths))
     test_x, _ = dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)
     test_paths = [p for p, _ in dm.test_set.samples]
     assert torch.equal(test_x, predicted(test_paths))
     # export's check batches: the run's data module rebuilt from its saved hyperparameters
-    hparams = {"_class_path": "project.data.ImageClassificationDataModule", **args, "augment": False}
+    hparams = {
+        "_class_path": "project.data.ImageClassificationDataModule",
+        **args,
+        "augment": "none",
+        "val_fraction": 0.25,
+    }
     (exported,) = _real_batches(hparams, 1).values()
     assert torch.equal(exported, test_x)
 
-    # training with augmentation: uint8 crops, normalised by the same function per batch
-    dm_aug = ImageClassificationDataModule(augment=True, val_fraction=0.25, **args)
+    # training with augmentation: uint8 pixels at the training size through the loader, normalised by the same
+    # function per batch (augmented before that, on the device, in training only)
+    dm_aug = ImageClassificationDataModule(augment="resized_crop", val_fraction=0.25, **args)
     dm_aug.setup("fit")
     pixels, _ = next(iter(dm_aug.train_dataloader()))
     assert pixels.dtype == torch.uint8 and pixels.shape == (4, 3, 32, 32)

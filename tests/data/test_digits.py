@@ -55,10 +55,10 @@ def test_split_is_fixed_by_split_seed_not_the_training_seed():
 def test_batches_are_float32_normalised_with_training_statistics():
     from project.data.digits import load_digits_tensors
 
-    dm = setup_dm(augment=False)
-    x, y = next(iter(dm.train_dataloader()))
+    dm = setup_dm(augment="none")
+    x, y = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
     assert x.dtype == torch.float32 and x.shape == (64, 1, 8, 8) and y.dtype == torch.int64
-    all_train = torch.stack([dm.train_set[i][0] for i in range(len(dm.train_set))]).double()
+    all_train = dm.on_after_batch_transfer(dm.tensors["train"], 0)[0].double()
     # With the training split's own statistics the normalised split has mean 0 and std 1 exactly in real arithmetic
     # (both use torch's unbiased std). What float32 leaves is rounding: the stored mean is a float32 sum over 92k
     # values (~log2(92k) = 17 ulp) plus two rounded ops per pixel, |z| < 2: under 40 float32 epsilons (4.8e-6;
@@ -113,7 +113,7 @@ def test_embedded_file_is_the_uci_digits_set():
 def test_stratified_split_counts_seeds_and_errors():
     import pytest
 
-    from project.data.tensor_dataset import stratified_split
+    from project.data.splits import stratified_split
 
     labels = torch.arange(10).repeat_interleave(torch.tensor([30, 30, 30, 30, 30, 30, 30, 30, 30, 21]))
     rest, held = stratified_split(labels, 0.2, seed=0)

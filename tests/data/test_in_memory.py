@@ -4,18 +4,14 @@ import pytest
 import torch
 
 from project.data import ImageClassificationDataModule
-from project.data.batch_augment import augment_batch
+from project.data.augment import RECIPES, augment_batch
 from project.data.in_memory import InMemoryLoader
 from project.errors import ConfigError
 
 
-def make_loader(
-    n: int = 100, batch_size: int = 8, shuffle: bool = True, augment: str = "none", **kw
-) -> InMemoryLoader:
+def make_loader(n: int = 100, batch_size: int = 8, shuffle: bool = True, **kw) -> InMemoryLoader:
     images = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 1, 4, 4).contiguous() / n
-    return InMemoryLoader(
-        images, torch.arange(n), batch_size, [0.0], [1.0], shuffle=shuffle, augment=augment, **kw
-    )
+    return InMemoryLoader(images, torch.arange(n), batch_size, shuffle=shuffle, **kw)
 
 
 def epoch_labels(loader) -> list[int]:
@@ -47,7 +43,7 @@ def test_rank_shards_are_disjoint_equal_and_cover_the_split(shuffle):
 
 @pytest.mark.claim("resume-same-world-and-batch-size")
 def test_state_dict_round_trip_resumes_the_exact_remaining_batches():
-    original = make_loader(augment="digits", seed=5)
+    original = make_loader(seed=5)
     epoch_labels(original)  # finish epoch 0, so the resumed point is inside epoch 1
     it = iter(original)
     for _ in range(4):
@@ -55,12 +51,12 @@ def test_state_dict_round_trip_resumes_the_exact_remaining_batches():
     state = original.state_dict()
     assert state["epoch"] == 1 and state["position"] == 4
     rest = list(it)
-    resumed = make_loader(augment="digits", seed=0)  # seed comes from the state
+    resumed = make_loader(seed=0)  # seed comes from the state
     resumed.load_state_dict(state)
     again = list(resumed)
     assert len(again) == len(rest) == 8
     for (xa, ya), (xb, yb) in zip(rest, again, strict=True):
-        assert torch.equal(ya, yb) and torch.equal(xa, xb)  # same samples, same augmentation
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)  # the same samples
     with pytest.raises(ValueError, match="batch_size"):
         make_loader(batch_size=4).load_state_dict(state)
     with pytest.raises(ValueError, match="world_size"):  # another number of processes
@@ -77,7 +73,7 @@ def test_lightning_set_epoch_restarts_a_cut_short_epoch():
     assert loader.epoch == 1 and loader.position == 0 and len(epoch_labels(loader)) == 96
 
 
-@pytest.mark.parametrize("policy", ["digits", "natural", "none"])
+@pytest.mark.parametrize("policy", RECIPES)
 def test_batch_augmentation_keeps_shape_dtype_and_is_seeded(policy):
     x = torch.rand(16, 3, 8, 8)
     out = augment_batch(x, policy, torch.Generator().manual_seed(0))
@@ -86,16 +82,16 @@ def test_batch_augmentation_keeps_shape_dtype_and_is_seeded(policy):
     if policy != "none":
         assert not torch.equal(out, augment_batch(x, policy, torch.Generator().manual_seed(1)))
         assert not torch.equal(out, x)
-    if policy == "natural":  # crops and flips move pixels, never invent values
+    if policy == "crop_flip":  # crops and flips move pixels, never invent values
         assert torch.isin(out, x).all()
 
 
 def test_digits_augmentation_keeps_digits_recognisable():
-    dm = ImageClassificationDataModule(augment=True)
+    dm = ImageClassificationDataModule(augment="affine")
     dm.setup("fit")
     x, y = dm.tensors["train"]
     x, y = x[:256], y[:256]
-    out = augment_batch(x, "digits", torch.Generator().manual_seed(0))
+    out = augment_batch(x, "affine", torch.Generator().manual_seed(0))
     # Changed: every image moved (rotation, scale and shift are drawn from continuous ranges: the identity has
     # probability 0; grid_sample at an identity grid would return the image itself).
     assert (out != x).flatten(1).any(1).all()
@@ -112,27 +108,22 @@ def test_data_module_picks_the_in_memory_path_for_digits_and_can_be_forced_off()
     dm = ImageClassificationDataModule()
     dm.setup("fit")
     loader = dm.train_dataloader()
-    assert isinstance(loader, InMemoryLoader) and loader.augment == "digits"
-    x, y = next(iter(loader))
+    assert isinstance(loader, InMemoryLoader) and dm.recipe == "affine"
+    x, y = dm.on_after_batch_transfer(next(iter(loader)), 0)
     assert x.shape == (64, 1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.int64
-    assert isinstance(dm.val_dataloader(), InMemoryLoader) and dm.val_dataloader().augment == "none"
-    val = torch.cat([x for x, _ in dm.val_dataloader()])
+    assert isinstance(dm.val_dataloader(), InMemoryLoader)
+    val = torch.cat([dm.on_after_batch_transfer(b, 0)[0] for b in dm.val_dataloader()])
     # Normalised with the training split's statistics: the same two float32 ops (subtract, divide) on the raw
     # val images give the same values up to one rounding each (|z| < 2, so 4 float32 epsilons).
-    from project.data.transforms import channel_stats
+    from project.data.stats import tensor_stats
 
-    assert (dm.mean, dm.std) == channel_stats(dm.tensors["train"][0])
+    assert (dm.mean, dm.std) == tensor_stats(dm.tensors["train"][0])
     raw_val = dm.tensors["val"][0]
     eps = torch.finfo(torch.float32).eps
     assert torch.allclose(val, (raw_val - dm.mean[0]) / dm.std[0], rtol=0, atol=4 * eps)
     off = ImageClassificationDataModule(in_memory=False)
     off.setup("fit")
     assert isinstance(off.train_dataloader(), torch.utils.data.DataLoader)
-
-
-def test_in_memory_with_imagefolder_names_the_fix(tmp_path):
-    with pytest.raises(ConfigError, match="in_memory false"):
-        ImageClassificationDataModule(source="imagefolder", root=str(tmp_path), in_memory=True)
 
 
 def test_lightning_saves_the_loader_state_in_the_checkpoint(tmp_path):

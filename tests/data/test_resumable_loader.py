@@ -66,7 +66,7 @@ def test_the_order_is_the_epoch_samplers():
 
 def image_loader(rank: int, world: int) -> ResumableDataLoader:
     """ImageClassificationDataModule's DataLoader-path training loader, as rank `rank` of `world` builds it."""
-    dm = ImageClassificationDataModule(in_memory=False, augment=False, num_workers=0, batch_size=32)
+    dm = ImageClassificationDataModule(in_memory=False, augment="none", num_workers=0, batch_size=32)
     dm.trainer = SimpleNamespace(
         global_rank=rank, world_size=world, num_devices=world, state=SimpleNamespace()
     )

@@ -56,8 +56,14 @@ def test_mnist_family_from_idx_files(tmp_path, source, folder):
     assert dm.num_classes == 10 and dm.input_shape == (1, 28, 28)
     dm.setup("fit")
     assert len(dm.train_set) + len(dm.val_set) == 200 and len(dm.test_set) == 50
-    x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32 and y.max() < 10
+    pixels, _ = next(iter(dm.train_dataloader()))
+    x, y = dm.on_after_batch_transfer((pixels, _), 0)  # uint8 pixels -> normalised float32
+    assert (
+        pixels.dtype == torch.uint8
+        and x.shape == (16, 1, 28, 28)
+        and x.dtype == torch.float32
+        and y.max() < 10
+    )
 
 
 def test_cifar10_from_pickled_batches(tmp_path, monkeypatch):
