@@ -8,18 +8,18 @@ takes ~3 s) so that predict and export start fast, which is why this Lightning p
 
 import errno
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from project.atomic import atomic_write, remove_stale
 from project.errors import ConfigError, find_in_chain
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """TorchCheckpointIO whose writes are all-or-nothing (temporary file + fsync + os.replace).
+    """TorchCheckpointIO whose writes are all-or-nothing (project/atomic.py: temporary file + fsync + os.replace).
 
     Lightning's stock TorchCheckpointIO (`_atomic_save`) buffers the whole checkpoint in memory and writes it
     through an fsspec transaction: a temporary file in the system's temp folder, then `shutil.move` onto the
@@ -33,35 +33,33 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
     ) -> None:
         path = Path(path)
+        opened = False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        except OSError as err:
-            raise ConfigError(
-                f"Cannot write checkpoints to '{path.parent}': {err.strerror or err}. "
-                "Make the run directory writable or choose another one with --run_dir."
-            ) from err
-        try:
-            with os.fdopen(fd, "wb") as f:
+            with atomic_write(path, "wb") as f:
+                opened = True
                 torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())  # the data is on disk before the rename makes it visible
-            os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
-            for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-write
-                stale.unlink(missing_ok=True)
+            remove_stale(path)  # left by a process killed mid-write
         except BaseException as err:
-            Path(tmp).unlink(missing_ok=True)
-            # torch's zip writer turns the file's OSError (a full disk inside a tensor) into a RuntimeError
-            os_error = find_in_chain(err, OSError)
-            if os_error is not None and os_error.errno in (
-                errno.ENOSPC,
-                errno.EDQUOT,
-                errno.EROFS,
-                errno.EACCES,
-            ):
-                kept = f" The previous '{path.name}' is untouched." if path.exists() else ""
+            if not opened and isinstance(err, OSError):  # no temporary file could be made: not writable
                 raise ConfigError(
-                    f"Saving checkpoint '{path}' failed: {os_error.strerror or os_error}.{kept} Free disk space or "
-                    "point --run_dir at a writable disk with room, then resume with --ckpt_path last."
+                    f"Cannot write checkpoints to '{path.parent}': {err.strerror or err}. "
+                    "Make the run directory writable or choose another one with --run_dir."
                 ) from err
-            raise
+            error = _disk_error(path, err)
+            if error is None:
+                raise
+            raise error from err
+
+
+def _disk_error(path: Path, err: BaseException) -> ConfigError | None:
+    """A full or read-only disk as a ConfigError that names the fix; None for anything else."""
+    # torch's zip writer turns the file's OSError (a full disk inside a tensor) into a RuntimeError
+    os_error = find_in_chain(err, OSError)
+    if os_error is not None and os_error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+        kept = f" The previous '{path.name}' is untouched." if path.exists() else ""
+        return ConfigError(
+            f"Saving checkpoint '{path}' failed: {os_error.strerror or os_error}.{kept} Free disk space or "
+            "point --run_dir at a writable disk with room, then resume with --ckpt_path last."
+        )
+    return None

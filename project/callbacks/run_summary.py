@@ -1,21 +1,14 @@
 """RunSummary: writes `summary.json` in the run directory after fit, and again with test results."""
 
 import json
-import os
 import time
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from project.atomic import write_text_atomic
 from project.rng import run_seed
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write to a temporary file and rename, so a crash never leaves half a JSON file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 class RunSummary(Callback):
@@ -74,7 +67,7 @@ class RunSummary(Callback):
     def _write(self, trainer: "L.Trainer") -> None:
         if trainer.is_global_zero and not trainer.sanity_checking:
             self.path(trainer).parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.path(trainer), self.summary)
+            write_text_atomic(self.path(trainer), json.dumps(self.summary, indent=2) + "\n")
 
 
 def selecting_checkpoint(trainer: "L.Trainer") -> ModelCheckpoint | None:

@@ -43,6 +43,7 @@ from pathlib import Path
 from filelock import FileLock
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from project.atomic import write_text_atomic
 from project.data.image_folder import LAYOUT
 from project.data.validate import unreadable_reason
 from project.errors import ConfigError
@@ -268,18 +269,8 @@ def _read(path: Path) -> dict:
 
 
 def _write(path: Path, manifest: dict) -> None:
-    """Temporary file + rename: readers see the old or the new manifest, whole."""
-    tmp = None
+    """Whole or not at all (project/atomic.py): readers see the old or the new manifest."""
     try:
-        with tempfile.NamedTemporaryFile(
-            "w", dir=path.parent, prefix=".index-", suffix=".tmp", delete=False, encoding="utf-8"
-        ) as f:
-            tmp = f.name
-            json.dump(manifest, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(manifest, separators=(",", ":")))
     except OSError as err:  # a full disk: this start is correct, the next one checks again
         warnings.warn(f"Could not save the ImageFolder index to '{path}' ({err}).", stacklevel=3)
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)

@@ -15,7 +15,6 @@ The optuna-dashboard web UI is not offered (untested here): `report.png` and tri
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from project.atomic import write_text_atomic
 from project.errors import ConfigError
 
 DEFAULT_SPACE = "configs/sweep/digits.yaml"
@@ -170,9 +170,7 @@ def run(argv: list[str]) -> int:
     study = create_study(study_name, storage, direction, space, configs)
     space_copy = sweep_dir / "space.yaml"
     if not space_copy.exists() or space_copy.read_text() != Path(args.space).read_text():
-        tmp = space_copy.with_name(f".space.{os.getpid()}.tmp")
-        shutil.copyfile(args.space, tmp)
-        os.replace(tmp, space_copy)
+        write_text_atomic(space_copy, Path(args.space).read_text())
     n_trials = args.n_trials or space.n_trials
     threads = os.environ.get("OMP_NUM_THREADS") or (
         str(max(1, (os.cpu_count() or 1) // args.workers)) if args.workers > 1 else None

@@ -17,6 +17,7 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
+from project.atomic import atomic_write, write_text_atomic
 from project.sweep.worker import TRIAL_CONFIG, trial_dir
 
 DEFAULT_CONFIG = "configs/default.yaml"
@@ -28,7 +29,8 @@ def write_report(study: optuna.Study, sweep_dir: Path, configs: list[str], metri
     trials = study.get_trials(deepcopy=False)
     keys = sorted({k for t in trials for k in t.params})
     rows = [row(t, keys) for t in trials]
-    write_atomic(sweep_dir / "trials.csv", lambda h: write_csv(h, rows))
+    with atomic_write(sweep_dir / "trials.csv", newline="") as handle:  # several workers may report at once
+        write_csv(handle, rows)
     print_table(study, rows, keys, metric)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if not complete:
@@ -36,9 +38,8 @@ def write_report(study: optuna.Study, sweep_dir: Path, configs: list[str], metri
         return None
     best = study.best_trial
     best_path = sweep_dir / "best.yaml"
-    write_atomic(
-        best_path,
-        lambda h: h.write(best_yaml(best, sweep_dir, configs, metric, study.direction, study.study_name)),
+    write_text_atomic(
+        best_path, best_yaml(best, sweep_dir, configs, metric, study.direction, study.study_name)
     )
     try:
         plot(study, sweep_dir / "report.png", metric)
@@ -70,13 +71,6 @@ def write_csv(handle, rows: list[dict]) -> None:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-
-
-def write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several workers may report at once
-    with open(tmp, "w", newline="") as handle:
-        write(handle)
-    os.replace(tmp, path)
 
 
 def print_table(study: optuna.Study, rows: list[dict], keys: list[str], metric: str) -> None:
