@@ -4,7 +4,6 @@ Defaults: AdamW (torch's fused kernel where it has one) with two named parameter
 (project/schedule.py), stepped every optimizer step.
 """
 
-import inspect
 from functools import partial
 from typing import Literal
 
@@ -13,12 +12,12 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import Tensor, nn
-from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.errors import ConfigError
+from project.models.output_check import check_output_shape
+from project.optim import build_optimizer, clips_under_amp
 from project.schedule import WarmupCosine
 
 # A batch's inputs, as the data module's collate_fn makes them: an image batch (B, C, H, W), or for other data a
@@ -63,11 +62,10 @@ class ClassificationModule(L.LightningModule):
     Labels: torchmetrics checks every evaluation batch's inputs (`validate_args`; training accuracy is counted on
     the device, and CrossEntropy checks those shapes) unless the Trainer's data module has a
     true `labels_checked` attribute, its promise that every label was checked to be in [0, num_classes) before
-    training (ImageClassificationDataModule checks them once, in project/data/validate.py). The per-batch check
-    cost a third of a metric update, ~65 us a batch on the digits ConvNet (2 CPU cores). What it checks,
-    in torchmetrics 1.9.0 with float logits: the shapes (logits (N, C), labels (N,)); its check of the label
-    values runs for integer predictions only. CrossEntropy raises on labels >= num_classes or < 0, except -100
-    (its ignore_index, skipped silently).
+    training (the image data modules check them once, in project/data/validate.py): the per-batch check is a third
+    of a metric update's work. What it checks, with float logits: the shapes (logits (N, C), labels (N,)); its
+    check of the label values runs for integer predictions only. CrossEntropy raises on labels >= num_classes or
+    < 0, except -100 (its ignore_index, skipped silently).
 
     `test_step` returns the batch's float32 logits, shape (batch, num_classes): callbacks read them as the
     `outputs` of `on_test_batch_end` (RunReport's confusion matrix and wrong examples) instead of running the
@@ -108,14 +106,13 @@ class ClassificationModule(L.LightningModule):
         if self.top5:
             self.val_acc5, self.test_acc5 = acc(top_k=5), acc(top_k=5)
         # Training loss and accuracy: each step adds to two sums on the device (no host sync), folded into these
-        # metrics at the epoch's end, where Lightning syncs them across processes. torchmetrics' per-step updates
-        # cost 0.39 ms more a step (median of ~950 interleaved step pairs, digits ConvNet, AMD EPYC, 2 cores).
-        # The loss needs no NaN check of its own: NonFiniteLossGuard stops the run on one.
+        # metrics at the epoch's end, where Lightning syncs them across processes (a torchmetrics update per
+        # step costs more host time: `make bench`). NonFiniteLossGuard stops the run on a NaN loss.
         self.train_loss = MeanMetric(nan_strategy="disable")  # the mean of the steps' losses
         self.train_acc = MeanMetric()  # correct / samples: micro accuracy, as val_acc and test_acc
         # sums: (loss sum, correct predictions) on the loss's device, a plain tensor, not a buffer, which DDP would
-        # broadcast from rank 0 at every forward; steps and samples: Python ints (no host sync)
-        # a dict: each attribute write through nn.Module's __setattr__ cost ~15 us a step (AMD EPYC, 2 cores)
+        # broadcast from rank 0 at every forward; steps and samples: Python ints (no host sync). In a dict: one
+        # nn.Module attribute write per step instead of three.
         self._train = {"sums": None, "steps": 0, "samples": 0}
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
@@ -214,9 +211,8 @@ class ClassificationModule(L.LightningModule):
     def _log_metrics(self, keys: dict[str, str], **kwargs) -> None:
         """Log metric objects ({log key: attribute name}); Lightning computes, syncs and resets them.
 
-        Naming the attribute spares Lightning's search for it: on the first log call that search runs
-        isinstance(module, Metric) over every submodule, a one-off 0.1-0.2 s of ABC subclass checks against
-        torchmetrics' hundreds of Metric classes on 2 CPU cores.
+        Naming the attribute spares Lightning's search for it (isinstance(module, Metric) over every submodule on
+        the first log call: ABC subclass checks against torchmetrics' hundreds of Metric classes).
         """
         for key, attribute in keys.items():
             self.log(key, getattr(self, attribute), metric_attribute=attribute, **kwargs)
@@ -272,78 +268,3 @@ class ClassificationModule(L.LightningModule):
         for config in self.trainer.lr_scheduler_configs:
             if isinstance(config.scheduler, WarmupCosine):
                 config.scheduler.start(int(self.trainer.estimated_stepping_batches), self.trainer.max_epochs)
-
-
-def build_optimizer(optimizer: OptimizerCallable, groups: list[dict], allow_fused: bool = True) -> Optimizer:
-    """`optimizer(groups)`; Adam/AdamW with `fused` unset are rebuilt with fused=True where every parameter allows.
-
-    One kernel for all parameters instead of a loop over them: the same update, and on the digits ConvNet
-    (2 CPU cores) the optimizer step took 0.34 ms instead of 1.1 ms, ~5% of a training step (`make bench`).
-    Other devices (MPS, XLA) keep the default implementation, and so does `allow_fused=False` (gradient clipping
-    under mixed precision: see `clips_under_amp`).
-    """
-    built = optimizer([dict(g) for g in groups])  # copies: an optimizer fills its defaults into the dicts
-    d = built.defaults
-    if (
-        not allow_fused
-        or type(built) not in (torch.optim.Adam, torch.optim.AdamW)
-        or d.get("fused") is not None
-    ):
-        return built
-    if d.get("foreach") or d.get("differentiable") or not fused_supported(built.param_groups):
-        return built
-    accepted = inspect.signature(type(built)).parameters
-    kwargs = {k: v for k, v in d.items() if k in accepted and k != "fused"}
-    return type(built)([dict(g) for g in groups], **kwargs, fused=True)
-
-
-def clips_under_amp(trainer: "L.Trainer | None") -> bool:
-    """Whether the Trainer clips gradients under mixed precision (`gradient_clip_val` with 16-mixed/bf16-mixed).
-
-    Lightning's MixedPrecision plugin refuses to clip for an optimizer that unscales gradients inside its step,
-    as fused Adam/AdamW do ("does not allow for gradient clipping"): bf16-mixed is the default on GPUs, so
-    `--trainer.gradient_clip_val 1.0` there crashed at the first step. Such runs keep torch's default (foreach)
-    AdamW instead; the NaN guard then checks the loss on the host (project/callbacks/nonfinite_loss.py).
-    An explicit `fused: true` is left as configured, and Lightning's error names it.
-    """
-    from lightning.pytorch.plugins.precision import MixedPrecision
-
-    # getattr: a module may be asked for its optimizer with a stand-in trainer that only knows its world size
-    return bool(getattr(trainer, "gradient_clip_val", None)) and isinstance(
-        getattr(trainer, "precision_plugin", None), MixedPrecision
-    )
-
-
-def fused_supported(groups: list[dict]) -> bool:
-    """Whether torch's fused Adam/AdamW kernel can update these parameters (floating point, on CPU or CUDA)."""
-    params = [p for g in groups for p in g["params"]]
-    return bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-
-
-def check_output_shape(model: nn.Module, input_shape: tuple[int, ...], num_classes: int) -> None:
-    """Fail before training when the model's head does not match the data's classes."""
-    try:
-        device = next(model.parameters()).device
-    except StopIteration:
-        device = torch.device("cpu")
-    was_training = model.training
-    model.eval()  # eval: a dry run must not touch BatchNorm running statistics
-    try:
-        with torch.no_grad():
-            out = model(torch.zeros(2, *input_shape, device=device))
-    except Exception as err:
-        raise ConfigError(
-            f"The model {type(model).__name__} failed on a dummy batch of shape (2, {', '.join(map(str, input_shape))}), "
-            f"the data module's input shape: {type(err).__name__}: {err}. "
-            "Check the model's in_channels and expected image size against the data."
-        ) from err
-    finally:
-        model.train(was_training)
-    if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] != num_classes:
-        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ConfigError(
-            f"The model {type(model).__name__} returns outputs of shape {shape}, but the data has "
-            f"{num_classes} classes, so (batch, {num_classes}) was expected. Give the model a `num_classes` "
-            "constructor argument (the CLI fills it in from the data), or set its head size to match: "
-            "--model.init_args.model.init_args.num_classes."
-        )

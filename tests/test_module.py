@@ -109,7 +109,7 @@ def test_learning_rate_follows_warmup_then_cosine(tmp_path):
 
 @pytest.mark.claim("adamw-fused-no-decay-on-bias-norm")
 def test_adamw_uses_the_fused_kernel_where_torch_has_one():
-    from project.module import fused_supported
+    from project.optim import fused_supported
 
     module = ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8))
     optimizer = module.configure_optimizers()["optimizer"]
