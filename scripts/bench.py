@@ -93,6 +93,8 @@ VARIANTS = {  # name -> extra CLI args for the template (each compared with the 
     "accumulate_grad_batches_2": ["--trainer.accumulate_grad_batches", "2"],
     "gradient_clip_val_1": ["--trainer.gradient_clip_val", "1.0"],
     "dataloader_path": ["--data.init_args.in_memory", "false"],
+    # the opt-in door (project/perf/: Lightning's private names), against the default's public API only
+    "fast_cpu": ["--config", str(ROOT / "configs/fast_cpu.yaml")],
 }
 
 
@@ -146,19 +148,18 @@ def bench_cpu(p: dict) -> dict:
         "template_vs_tuned_loop": lambda: tmpl(raw=tuned_loop),
         **{k: (lambda extra=v: tmpl(extra=extra)) for k, v in VARIANTS.items()},
         "torch_threads_1": lambda: _threads(1, tmpl),
-        "no_lean_hooks": lambda: tmpl(drop=("LeanHooks",)),
         # Lightning's loop alone on the tuned loop's work, against the tuned loop: the part of the template's
         # overhead that is Lightning's, whatever the template does.
         "bare_lightning": lambda: bare_lightning_run(E, 64, raw=tuned_loop, limit=p["limit"]),
     }
-    options = [*VARIANTS, "torch_threads_1", "no_lean_hooks"]
+    options = [*VARIANTS, "torch_threads_1"]
     if p["options_in_one_run"]:
-        # Smoke: every option's flags (and the no-LeanHooks, 1-thread paths) in one run, which checks that they
+        # Smoke: every option's flags (and the 1-thread path) in one run, which checks that they
         # still parse and train; each option's key then holds that run (it measures nothing anyway). bf16-mixed
         # runs apart: Lightning's mixed-precision plugin refuses gradient clipping with the fused AdamW.
         every = [a for k, v in VARIANTS.items() if k != "bf16_mixed" for a in v]
         arms = {k: arms[k] for k in ("template", "template_vs_tuned_loop", "bf16_mixed", "bare_lightning")}
-        arms["every_option"] = lambda: _threads(1, lambda: tmpl(extra=every, drop=("LeanHooks",)))
+        arms["every_option"] = lambda: _threads(1, lambda: tmpl(extra=every))
     got: dict[str, list] = {k: [] for k in arms}
     for i in range(R):
         # The quick profile runs the options in its first round only (bench-quick stays within 2 minutes).

@@ -44,7 +44,7 @@ OPTIONS = [
     "gradient_clip_val_1",
     "dataloader_path",
     "torch_threads_1",
-    "no_lean_hooks",
+    "fast_cpu",
     "compile",
 ]
 

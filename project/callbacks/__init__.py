@@ -2,7 +2,6 @@
 
 from project.callbacks.best_checkpoint import BestModelCheckpoint
 from project.callbacks.graceful_stop import GracefulStop
-from project.callbacks.lean_hooks import LeanHooks
 from project.callbacks.nonfinite_loss import NonFiniteLossGuard
 from project.callbacks.pitfall_guards import PitfallGuards
 from project.callbacks.progress_bar import ProgressBar
@@ -15,7 +14,6 @@ __all__ = [
     "BestModelCheckpoint",
     "RunReport",
     "GracefulStop",
-    "LeanHooks",
     "NonFiniteLossGuard",
     "PitfallGuards",
     "ProgressBar",
