@@ -34,6 +34,7 @@ from torch import Tensor
 from project.data.chunks import (
     FORMAT_VERSION,
     METADATA,
+    MIN_CHUNKS,
     SPLITS,
     allow_plain_http,
     has_files,
@@ -47,13 +48,6 @@ from project.errors import ConfigError
 
 # The settings that decide the contents: output prepared with other values is refused (or overwritten).
 SETTINGS = ("source", "root", "image_size", "val_fraction", "test_fraction", "split_seed", "storage")
-# litdata (0.2.76) shuffles a training split chunk by chunk: each epoch permutes the chunk list with (seed, epoch)
-# and deals it out in order, a contiguous run of chunks to each rank and loader worker, and drop_last leaves out
-# the tail of the last chunk dealt. With the 2 chunks one 64MB target gave the digits, each of 2 DDP ranks read
-# one of the same two halves every epoch. With 32, a rank's share is a new mix of chunks each epoch, the samples
-# left out come from another chunk than the epoch before's with probability 31/32, and up to 8 ranks x 4 loader
-# workers still get whole chunks of their own. A chunk file more costs a file open (one GET from a store).
-MIN_CHUNKS = 32
 
 Source = Literal["imagefolder", "digits", "cifar10", "mnist", "fashionmnist"]
 
@@ -181,7 +175,9 @@ def plan(
     _, labels = samples.tensors(True)
     _, test_labels = samples.tensors(False)
     class_names = torchvision_datasets.classes_of(source)
-    check_labels(labels, len(class_names), f"The {source} training data")  # StreamingDataModule.labels_checked
+    check_labels(
+        labels, len(class_names), f"The {source} training data"
+    )  # StreamingDataModule.labels_checked
     check_labels(test_labels, len(class_names), f"The {source} test data")
     parts = carve(labels, len(labels), {"val": val_fraction}, split_seed, _flag)
     keys = {name: [("train", i) for i in idx] for name, idx in parts.items()}
@@ -226,7 +222,7 @@ def prepare(
         num_workers: writer processes; unset = the CPUs this process may use.
         chunk_bytes: largest size of one chunk file (litdata), e.g. 64MB.
         min_chunks: write each split as at least this many chunk files (smaller ones when the split is small):
-            litdata shuffles and shards the training split chunk by chunk (see MIN_CHUNKS).
+            litdata shuffles and shards the training split chunk by chunk (project/data/chunks.py, MIN_CHUNKS).
         overwrite: replace output written with other settings or by something else.
 
     Returns prepare.json's content.

@@ -7,6 +7,9 @@ tests/test_streaming_ddp.py).
   sample seen by the LightningModule exactly once (under Lightning, with two loader workers and partial batches),
   the training order reshuffled per epoch, and re-runs of prepare (complete, interrupted, other settings,
   foreign output).
+- The digits as `make prepare` writes them by default: a resume from an epoch's end is exact, 2 ranks' shares
+  change every epoch, and a damaged split (deleted or truncated chunk, overwritten header, no index.json; in the
+  store, no index.json) stops the run before it starts, naming the file and the fix.
 """
 
 import hashlib
@@ -116,6 +119,25 @@ def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
     # the chunks came from the server into the cache, not from a local path
     cached = [p for p in Path(s3["LITDATA_CACHE_DIR"]).rglob("chunk-*.bin")]
     assert cached, list(Path(s3["LITDATA_CACHE_DIR"]).rglob("*"))
+
+    # The store's train/index.json deleted: the run stops before it starts (exit code 2, nothing written), naming
+    # the file and the prepare command that writes the dataset again.
+    import boto3
+
+    from tests.conftest import QUIET, run_cli
+    from tests.test_bad_input import files_under
+
+    store = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    store.delete_object(Bucket="my-bucket", Key="pets/train/index.json")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    data = ["--data", "project.data.StreamingDataModule", "--data.init_args.input_dir", "s3://my-bucket/pets"]
+    assert run_cli("fit", *QUIET, *data) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "'s3://my-bucket/pets/train/index.json' is missing" in err and "--overwrite true" in err, err
+    assert not files_under(cwd), files_under(cwd)
 
 
 # ----------------------------------------------------------------------------------------------------- local
@@ -382,12 +404,12 @@ def test_resume_from_an_epoch_end_is_exact(digits, tmp_path):
 @pytest.mark.claim("stream-shards-change-per-epoch")
 def test_default_prepare_shards_change_every_epoch(digits):
     """With the chunks `make prepare` writes by default, each of 2 DDP ranks reads another share of the training
-    split every epoch, and no sample is left out of two epochs running. The ranks are computed in this process:
+    split every epoch, and no sample is left out of two epochs. The ranks are computed in this process:
     each rank's StreamingDataset told it is rank r of 2 (litdata's _DistributedEnv), as DDP would tell it."""
     from litdata.utilities.env import _DistributedEnv
 
     from project.data import StreamingDataModule
-    from project.prepare import MIN_CHUNKS
+    from project.data.chunks import MIN_CHUNKS
     from tests.streaming_probe import sample_key
 
     for split in ("train", "val", "test"):
@@ -409,12 +431,14 @@ def test_default_prepare_shards_change_every_epoch(digits):
     for e in range(3):
         assert [sum(r[e].values()) for r in ranks] == [640, 640]  # 20 batches of 32 each (README)
         assert ranks[0][e] + ranks[1][e] <= stored  # disjoint
-    for r in ranks:
-        assert r[0] != r[1] and r[1] != r[2], "a rank read the same share in two epochs running"
-    for e in range(2):
-        seen = ranks[0][e] + ranks[1][e] + ranks[0][e + 1] + ranks[1][e + 1]
+    # Any two of the 3 epochs: with 2 chunks a rank has only 2 possible shares and the remainder 2 possible tails,
+    # so some pair of epochs would repeat one.
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        for r in ranks:
+            assert r[a] != r[b], f"a rank read the same share in epochs {a} and {b}"
+        seen = ranks[0][a] + ranks[1][a] + ranks[0][b] + ranks[1][b]
         assert set(stored) <= set(seen), (
-            f"{len(set(stored) - set(seen))} samples left out of epochs {e}, {e + 1}"
+            f"{len(set(stored) - set(seen))} samples left out of epochs {a} and {b}"
         )
 
 
@@ -461,7 +485,10 @@ def test_damaged_split_is_one_paragraph_and_no_run_dir(digits, damage, in_tmp, c
 
 
 @pytest.mark.claim("stream-bad-chunks")
-def test_chunk_deleted_during_the_run_is_named(digits, tmp_path):
+@pytest.mark.parametrize(
+    "workers", [0, 1]
+)  # read here, or in a loader worker (its error comes as a RuntimeError)
+def test_chunk_deleted_during_the_run_is_named(digits, tmp_path, workers):
     """A chunk file deleted after the run checked it: the loader's error says the file is missing and what to do,
     not litdata's "hung or crashed download" (nothing is downloaded from a local directory)."""
     import shutil
@@ -470,7 +497,7 @@ def test_chunk_deleted_during_the_run_is_named(digits, tmp_path):
 
     data = tmp_path / "digits-stream"
     shutil.copytree(digits, data)
-    dm = StreamingDataModule(str(data), batch_size=32, num_workers=0)
+    dm = StreamingDataModule(str(data), batch_size=32, num_workers=workers)
     dm.setup("fit")  # the check passes
     loader = dm.train_dataloader()
     for chunk in data.glob("train/chunk-*.bin"):
@@ -480,3 +507,67 @@ def test_chunk_deleted_during_the_run_is_named(digits, tmp_path):
     text = str(raised.value)
     assert "is missing: the chunk file was deleted or moved" in text and "--overwrite true" in text, text
     assert "download" not in text.split("(")[0], text
+
+
+def test_data_layer_does_not_import_prepare():
+    """prepare is a command on top of project/data (the format is project/data/chunks.py): no module of the data
+    layer imports it."""
+    import ast
+
+    from tests.conftest import REPO
+
+    for path in sorted((REPO / "project/data").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            assert not any(n == "project.prepare" or n.startswith("project.prepare.") for n in names), path
+
+
+@pytest.mark.claim("stream-shards-change-per-epoch")
+def test_few_chunks_warn_with_the_fix(tmp_path):
+    """A training split written as fewer chunk files (prepared before the default changed, or with --min_chunks
+    2): the data module warns that its shards barely change and names the command that writes it again."""
+    from project.data import StreamingDataModule
+    from tests.conftest import run_cli
+
+    out = tmp_path / "digits-stream"
+    assert run_cli("prepare", "--source", "digits", "--output_dir", out, "--min_chunks", "2") == 0
+    with pytest.warns(UserWarning, match=r"fewer than 32: .* same share.* --overwrite true"):
+        StreamingDataModule(str(out)).setup("fit")
+
+
+@pytest.mark.claim("stream-resume-epoch-end")
+def test_block_loader_reads_the_trainers_epoch(local):
+    """With `epoch` given (the trainer's epoch), each iter() reads that epoch's order whatever the loader read
+    before, also when the next epoch was already started (prestart) for another epoch than the one that comes."""
+    from litdata import StreamingDataset
+
+    from project.data.stream_loader import BlockLoader
+
+    _, out = local
+    epoch = {"now": 0}
+
+    def loader(with_epoch: bool) -> BlockLoader:
+        ds = StreamingDataset(str(out / "train"), shuffle=True, drop_last=True, seed=0, batch_decode=1)
+        return BlockLoader(
+            ds, batch_size=3, batches_per_block=3, num_workers=0, drop_last=True, prestart=True,
+            epoch=(lambda: epoch["now"]) if with_epoch else None,
+        )  # fmt: skip
+
+    def one_epoch(lo: BlockLoader) -> list:
+        it = iter(lo)
+        return [
+            _key(p, y) for b in (next(it) for _ in range(len(lo))) for p, y in zip(b["image"], b["label"])
+        ]
+
+    counted = loader(False)
+    orders = [one_epoch(counted) for _ in range(4)]  # epochs 0-3 by the loader's own count
+    assert len({tuple(o) for o in orders}) == 4
+    lo = loader(True)
+    epoch["now"] = 2
+    assert one_epoch(lo) == orders[2]  # a fresh loader at epoch 2 (a resume from an epoch's end)
+    epoch["now"] = 3
+    assert one_epoch(lo) == orders[3]  # the started next epoch, used
+    epoch["now"] = 1
+    assert one_epoch(lo) == orders[1]  # started for epoch 4, dropped: epoch 1 comes

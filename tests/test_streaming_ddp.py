@@ -182,7 +182,7 @@ def flat(batches: list[list[str]]) -> list[str]:
 @pytest.mark.timeout(4 * LAUNCH_DEADLINE_S + 120)  # four runs, each with its own deadline, and the prepare
 def test_two_ranks_shards_eval_epoch_end_and_kill_9_resume(tmp_path):
     data = tmp_path / "digits-stream"
-    # as `make prepare` writes them: the default chunks (at least project.prepare.MIN_CHUNKS per split)
+    # as `make prepare` writes them: the default chunks (at least project.data.chunks.MIN_CHUNKS per split)
     assert run_cli("prepare", "--source", "digits", "--output_dir", data) == 0
     assert json.loads((data / "prepare.json").read_text())["splits"] == SPLITS
     stored = {split: stored_keys(data / split) for split in SPLITS}

@@ -106,7 +106,10 @@ def augment_batch(x: Tensor, recipe: str, generator: torch.Generator) -> Tensor:
         # crop width and height as fractions of the image's (ratio is width / height in pixels)
         cw = (area * ratio * h / w).sqrt().clamp(max=1.0)
         ch = (area / ratio * w / h).sqrt().clamp(max=1.0)
-        cx, cy = uniform(-1.0, 1.0) * (1 - cw), uniform(-1.0, 1.0) * (1 - ch)  # crop centre, normalised coords
+        cx, cy = (
+            uniform(-1.0, 1.0) * (1 - cw),
+            uniform(-1.0, 1.0) * (1 - ch),
+        )  # crop centre, normalised coords
         sx = torch.where(torch.rand(b, generator=generator, device=dev) < 0.5, -cw, cw)  # negative: flipped
         ys = (torch.arange(h, device=dev, dtype=x.dtype) * 2 + 1) / h - 1
         xs = (torch.arange(w, device=dev, dtype=x.dtype) * 2 + 1) / w - 1

@@ -22,6 +22,13 @@ from project.errors import ConfigError
 SPLITS = ("train", "val", "test")
 METADATA = "prepare.json"
 FORMAT_VERSION = 1
+# The chunk files prepare writes per split, at least. litdata (0.2.76) shuffles a training split chunk by chunk:
+# each epoch permutes the chunk list with (seed, epoch) and deals it out in order, a contiguous run of chunks to
+# each rank and loader worker, and drop_last leaves out the tail of the last chunk dealt. With the 2 chunks one 64MB target gave the digits, each of 2 DDP ranks read
+# one of the same two halves every epoch. With 32, a rank's share is a new mix of chunks each epoch, the samples
+# left out come from another chunk than the epoch before's with probability 31/32, and up to 8 ranks x 4 loader
+# workers still get whole chunks of their own. A chunk file more costs a file open (one GET from a store).
+MIN_CHUNKS = 32
 
 
 def is_remote(path: str) -> bool:

@@ -31,10 +31,11 @@ import os
 import warnings
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from project.data.augment import Recipe, recipe_for
 from project.data.base import ImageData
-from project.data.chunks import allow_plain_http, check_split, join, read_metadata, rewrite_hint
+from project.data.chunks import MIN_CHUNKS, allow_plain_http, check_split, join, read_metadata, rewrite_hint
 from project.data.validate import check_batch_size
 from project.data.workers import default_num_workers
 from project.errors import ConfigError
@@ -60,7 +61,6 @@ class StreamingDataModule(ImageData):
         storage_options: passed to litdata (boto3's client arguments for s3://, e.g. endpoint_url); None uses
             the AWS_* environment variables.
     """
-
 
     def __init__(
         self,
@@ -119,8 +119,15 @@ class StreamingDataModule(ImageData):
             if split not in self._checked:
                 # index.json against prepare.json, and (local) each chunk file's size and header against the index:
                 # a deleted, truncated or overwritten file is named here, not by a loader worker mid-epoch
-                check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
+                chunks = check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
                 self._checked.add(split)
+                if split == "train" and chunks < min(MIN_CHUNKS, self.split_sizes["train"]):
+                    rank_zero_warn(
+                        f"'{join(self.input_dir, split)}' is stored as {chunks} chunk files, fewer than {MIN_CHUNKS}: "
+                        "litdata shuffles and shards it chunk by chunk, so every epoch each process reads nearly "
+                        "the same share and the same samples are left out. Write it again with the default chunks: "
+                        f"{rewrite_hint(self.meta, self.input_dir)}."
+                    )
 
     def _training_epoch(self) -> int:
         return self.trainer.current_epoch

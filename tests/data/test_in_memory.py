@@ -6,7 +6,6 @@ import torch
 from project.data import ImageClassificationDataModule
 from project.data.augment import RECIPES, augment_batch
 from project.data.in_memory import InMemoryLoader
-from project.errors import ConfigError
 
 
 def make_loader(n: int = 100, batch_size: int = 8, shuffle: bool = True, **kw) -> InMemoryLoader:
