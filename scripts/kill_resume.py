@@ -20,7 +20,6 @@ uninterrupted run, summary.json accuracies match, and every kill landed where it
 """
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -35,6 +34,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # tests/ddp_processes.py (Forked), and the callback named by class path
 EPOCHS, STEPS_PER_EPOCH, VAL_BATCHES = 3, 6, 2
 # As `make train` runs it (progress bar, model summary, every callback), only shorter.
 FLAGS = [
@@ -137,39 +138,10 @@ class Forked:
 
     def __init__(self, cmd: list[str], cwd: Path, env: dict, log: Path) -> None:
         assert cmd[1:3] == ["-m", "project"], cmd
-        sys.stdout.flush()
-        sys.stderr.flush()
+        from tests.ddp_processes import fork_main  # the fork the DDP tests start ranks with
+
         self.returncode: int | None = None
-        self.pid = os.fork()
-        if self.pid:
-            return
-        code = 1  # the child never returns into its parent's code, whatever happens
-        try:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the child's whole life)
-            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-            os.chdir(cwd)
-            os.environ.clear()
-            os.environ.update(env)
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
-                signal.signal(sig, signal.SIG_DFL)  # the parent's (pytest's) handlers are not the CLI's
-            from project.__main__ import main as project_main
-
-            project_main([str(a) for a in cmd[3:]])
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except BaseException:  # noqa: BLE001 (reported on the child's stderr, like a traceback)
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(code)
+        self.pid = fork_main([str(a) for a in cmd[3:]], log, env=env, cwd=cwd)
 
     def poll(self) -> int | None:
         if self.returncode is None:

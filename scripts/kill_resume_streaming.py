@@ -29,17 +29,19 @@ import random
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import Callback
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the callback below is named by class path in the runs
+sys.path.insert(0, str(REPO / "scripts"))
+from kill_resume import KillPoint  # noqa: E402 - its marker file and wait, shared with the image-module kills
+
+from tests.ddp_processes import descendants, fork_main, torchrun_env  # noqa: E402 - forked ranks, as the tests
 
 EPOCHS, BATCH, VAL_BATCHES = 6, 32, 2
 TRAIN_SAMPLES = 1293  # the digits' training split as prepare writes it
@@ -47,7 +49,7 @@ MODES = ("train", "epoch_end", "validation")
 MARKER = "kill_point.json"
 
 
-class StreamKillPoint(Callback):
+class StreamKillPoint(KillPoint):
     """Writes where it is to `marker` at one point of the run, then waits to be killed there.
 
     Args:
@@ -58,20 +60,8 @@ class StreamKillPoint(Callback):
     """
 
     def __init__(self, mode: str, marker: str, step: int = 0, epoch: int = 0, batch: int = 0) -> None:
-        self.mode, self.marker, self.step, self.epoch, self.batch = mode, marker, step, epoch, batch
-
-    def _wait_here(self, trainer, **where) -> None:
-        where = {
-            "mode": self.mode,
-            "epoch": trainer.current_epoch,
-            "global_step": trainer.global_step,
-            **where,
-        }
-        tmp = Path(f"{self.marker}.{os.getpid()}.tmp")  # one per process: DDP ranks write the marker at once
-        tmp.write_text(json.dumps(where))
-        os.replace(tmp, self.marker)  # the reader sees the whole file or none
-        while True:
-            time.sleep(1)
+        super().__init__(mode, step, marker, batch)  # kill_resume.KillPoint's marker file and wait
+        self.epoch = epoch
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if self.mode == "epoch_end" and trainer.current_epoch == self.epoch:
@@ -106,63 +96,6 @@ def fit_args(data: Path, run: Path, world: int, epochs: int, resume: bool) -> li
     return args + (["--ckpt_path", "last"] if resume else [])
 
 
-def _descendants(pid: int) -> list[int]:
-    ps = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True)
-    table = [int(n) for n in ps.stdout.split()]
-    children: dict[int, list[int]] = {}
-    for child, parent in zip(table[::2], table[1::2]):
-        children.setdefault(parent, []).append(child)
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
-def _fork_rank(args: list[str], rank: int, world: int, port: int, log: Path) -> int:
-    """`python -m project <args>` as rank `rank` of `world`, in a fork of this process; its pid."""
-    sys.stdout.flush(), sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1  # the child never returns into this script, whatever happens
-    try:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1), os.dup2(fd, 2)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the child's whole life)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        if world > 1:
-            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world)}
-            env |= {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "GROUP_RANK": "0",
-                "LOCAL_WORLD_SIZE": str(world),
-            }
-            os.environ.update(env)
-            from lightning.pytorch.utilities import rank_zero_only
-
-            rank_zero_only.rank = rank  # Lightning read it from the environment at import, before the fork
-        from project.__main__ import main
-
-        main(args)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    except BaseException:  # noqa: BLE001 (printed to the log, as a traceback would be)
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-
 def run(
     args: list[str], world: int, workdir: Path, timeout: float, marker: Path | None = None
 ) -> dict | None:
@@ -171,7 +104,8 @@ def run(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    pids = [_fork_rank(args, r, world, port, workdir / f"rank{r}.log") for r in range(world)]
+    env = lambda r: {**os.environ, **torchrun_env(r, world, port)} if world > 1 else None  # noqa: E731
+    pids = [fork_main(args, workdir / f"rank{r}.log", env=env(r)) for r in range(world)]
     codes: dict[int, int] = {}
     landed, deadline = None, time.monotonic() + timeout
     try:
@@ -191,7 +125,7 @@ def run(
     finally:
         for pid in pids:
             if pid not in codes:
-                for p in [*_descendants(pid), pid]:
+                for p in [*descendants(pid), pid]:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(p, signal.SIGKILL)
                 os.waitpid(pid, 0)

@@ -1,10 +1,12 @@
 """Processes for the multi-process tests: start them in a session of their own, wait for several that depend on
 each other with a deadline, kill whatever a launcher left behind."""
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -141,3 +143,60 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The variables torchrun gives rank `rank` of `world` processes on one machine."""
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "LOCAL_WORLD_SIZE": str(world),
+    }
+
+
+def fork_main(args: list[str], log: Path, env: dict | None = None, cwd: Path | None = None) -> int:
+    """`python -m project <args>` in a fork of this process; returns its pid. The child writes to `log`, runs with
+    `env` as its whole environment (when given) in `cwd`, and never returns into the caller, whatever happens.
+
+    A fork dies to SIGKILL like any process, without the seconds a new interpreter spends importing torch and
+    Lightning; only with one intra-op thread (OpenMP's pool does not survive a fork)."""
+    sys.stdout.flush(), sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1), os.dup2(fd, 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the child's whole life)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        if cwd is not None:
+            os.chdir(cwd)
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)  # the parent's handlers (pytest's) are not the CLI's
+        # Lightning reads the launcher's rank from the environment when it is imported (here: before the fork)
+        from lightning.pytorch.utilities import rank_zero_only
+
+        rank_zero_only.rank = int(os.environ.get("RANK", "0"))
+        from project.__main__ import main
+
+        main(args)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:  # noqa: BLE001 (printed to the log, as a traceback would be)
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)

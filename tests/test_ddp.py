@@ -186,8 +186,8 @@ def test_make_train_ddp_two_cpu_processes(tmp_path):
 
 
 def replay_inputs(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """The DDP run's training set as its DataLoader path hands it out (each sample through the dataset's transform;
-    a batch = torch.stack of samples, which default_collate does), and the run's trainer settings that shape an
+    """The DDP run's training set as its DataLoader path hands it out (a batch = torch.stack of samples, which
+    default_collate does, then the data module's per-batch normalisation, elementwise), and the run's trainer settings that shape an
     update (precision, determinism, clipping, accumulation)."""
     from project.data import ImageClassificationDataModule
 
@@ -196,6 +196,9 @@ def replay_inputs(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, dict]:
     data.setup("fit")
     samples = [data.train_set[i] for i in range(len(data.train_set))]
     x, y = torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+    x, y = data.on_after_batch_transfer(
+        (x, y), 0
+    )  # normalised as each batch was (no augmentation in this run)
     keys = (
         "precision",
         "deterministic",

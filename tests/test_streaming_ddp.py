@@ -32,7 +32,14 @@ import pytest
 import torch
 
 from tests.conftest import CONFIGS, QUIET, REPO, run_cli
-from tests.ddp_processes import LAUNCH_DEADLINE_S, descendants, env_for_children, free_port
+from tests.ddp_processes import (
+    LAUNCH_DEADLINE_S,
+    descendants,
+    env_for_children,
+    fork_main,
+    free_port,
+    torchrun_env,
+)
 from tests.streaming_probe import sample_key
 
 spec = importlib.util.spec_from_file_location("kill_resume", REPO / "scripts/kill_resume.py")
@@ -58,59 +65,17 @@ class Rank:
     What a test needs of a process: pid, poll, wait, kill."""
 
     def __init__(self, args: list[str], rank: int, port: int, cwd: Path, log: Path, fork: bool) -> None:
-        env = env_for_children() | {
-            "OMP_NUM_THREADS": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(WORLD),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "GROUP_RANK": "0",
-            "LOCAL_WORLD_SIZE": str(WORLD),
-        }
+        env = env_for_children() | {"OMP_NUM_THREADS": "1"} | torchrun_env(rank, WORLD, port)
         self.returncode: int | None = None
         self._popen = None
-        if not fork:
-            with open(log, "w") as out:
-                self._popen = subprocess.Popen(
-                    [sys.executable, "-m", "project", *args], cwd=cwd, env=env, stdout=out, stderr=out
-                )
-            self.pid = self._popen.pid
+        if fork:
+            self.pid = fork_main(args, log, env=env, cwd=cwd)
             return
-        sys.stdout.flush(), sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid:
-            return
-        code = 1  # the child never returns into pytest, whatever happens
-        try:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(fd, 1), os.dup2(fd, 2)
-            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the child's whole life)
-            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-            os.chdir(cwd)
-            os.environ.clear()
-            os.environ.update(env)
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
-                signal.signal(sig, signal.SIG_DFL)  # pytest's handlers are not the CLI's
-            # Lightning reads the launcher's rank from the environment when it is imported (here: before the fork)
-            from lightning.pytorch.utilities import rank_zero_only
-
-            rank_zero_only.rank = rank
-            from project.__main__ import main
-
-            main(args)
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except BaseException:  # noqa: BLE001 (printed to the log, as a traceback would be)
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(code)
+        with open(log, "w") as out:
+            self._popen = subprocess.Popen(
+                [sys.executable, "-m", "project", *args], cwd=cwd, env=env, stdout=out, stderr=out
+            )
+        self.pid = self._popen.pid
 
     def poll(self) -> int | None:
         if self._popen is not None:
