@@ -2,7 +2,7 @@
 #   make train                 train configs/default.yaml, then test the best checkpoint
 #   make train ARGS="--trainer.max_epochs 3"
 #   make train-ddp             the same with DDP: every GPU, or NPROC=2 CPU processes (gloo) without a GPU
-#   make resume                continue the most recent run where it stopped (checkpoints/last.ckpt)
+#   make resume                continue the most recent run where it stopped, with the config it was started with
 #   make test                  the whole test suite
 #   make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/
 #   make export CKPT=runs/<run>/checkpoints/last.ckpt
@@ -95,8 +95,8 @@ sweep: $(STAMP)  ## Optuna sweep of SPACE (configs/sweep/digits.yaml) in WORKERS
 prepare: $(STAMP)  ## write SOURCE (ROOT=...) as litdata chunks at OUTPUT (dir or s3://), resized to IMAGE_SIZE; re-run safe
 	$(PY) -m project prepare --source $(SOURCE) $(if $(ROOT),--root "$(ROOT)") --output_dir "$(OUTPUT)" $(if $(IMAGE_SIZE),--image_size $(IMAGE_SIZE)) $(ARGS)
 
-resume: $(STAMP)  ## continue the most recent run from its checkpoints/last.ckpt, in its own run dir (extra flags: ARGS)
-	$(PY) -m project fit --config $(CONFIG) --ckpt_path last $(ARGS)
+resume: $(STAMP)  ## continue the most recent run as it was started (its config.yaml); ARGS are recorded changes
+	$(PY) -m project fit $(if $(filter command line environment,$(origin CONFIG)),--config $(CONFIG)) --ckpt_path last $(ARGS)
 
 test: $(STAMP)  ## run the test suite in TEST_WORKERS processes (extra pytest flags: ARGS="...")
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)

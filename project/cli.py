@@ -6,7 +6,9 @@ parsed config (extra callbacks, then the run directory: project/run_dir.py); Lig
 the module and the Trainer from it and runs the subcommand; the config's callbacks do the rest.
 """
 
+import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -115,7 +117,15 @@ class ProjectCLI(LightningCLI):
         config = self.config[subcommand] if self.subcommand else self.config
         trainer = config.trainer
         if subcommand == "fit" and config.get("checkpoint_every_n_steps"):
-            trainer.callbacks = [*(trainer.callbacks or []), step_checkpoint(config.checkpoint_every_n_steps)]
+            added = step_checkpoint(config.checkpoint_every_n_steps)
+            # A resumed run's config.yaml lists the one its start added already: not a second one.
+            n = config.checkpoint_every_n_steps
+            same = (
+                c.class_path == added.class_path and c.init_args.get("every_n_train_steps") == n
+                for c in trainer.callbacks or []
+            )
+            if not any(same):
+                trainer.callbacks = [*(trainer.callbacks or []), added]
         run_dir.prepare(config, subcommand, command_line=self.parsed_sys_argv)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -258,6 +268,45 @@ def build_cli(
     )
 
 
+RESUMES = "resumes.jsonl"  # in the run directory: each resume of the run and the changes it made
+
+
+def resume_as_started(argv: list[str]) -> list[str]:
+    """`fit --ckpt_path <last or a run's checkpoint>` without `--config`: the run's own config.yaml, not
+    configs/default.yaml, so a resume continues the run as it was started (its loggers, epochs, data, model).
+
+    Every other flag on the command line is an explicit change to that config: printed, recorded in the run's
+    resumes.jsonl, and written into its config.yaml with the rest. With `--config` given, the command is taken as
+    it is (the config named is the one meant). Returns argv itself when nothing is to be done.
+    """
+    if not argv or argv[0] != "fit" or any(a == "--config" or a.startswith("--config=") for a in argv):
+        return argv
+    ckpt_path, rest, i = None, [], 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--ckpt_path", "--run_dir") and i + 1 < len(argv):
+            ckpt_path = argv[i + 1] if arg == "--ckpt_path" else ckpt_path
+            i += 2
+            continue
+        if arg.startswith(("--ckpt_path=", "--run_dir=")):
+            ckpt_path = arg.split("=", 1)[1] if arg.startswith("--ckpt_path=") else ckpt_path
+        else:
+            rest.append(arg)
+        i += 1
+    run = run_dir.checkpoint_run(ckpt_path)
+    config = run / "config.yaml" if run is not None else None
+    if config is None or not config.is_file():
+        return argv
+    changes = " ".join(rest)
+    if env_rank() == 0:
+        said = f"; changed by this command: {changes}" if changes else " (no change)"
+        print(f"Resuming {run} as it was started: its config.yaml{said}.", flush=True)
+        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ckpt_path": str(ckpt_path), "changes": rest}
+        with open(run / RESUMES, "a", encoding="utf-8") as f:  # one line per resume
+            f.write(json.dumps(record) + "\n")
+    return ["fit", "--config", str(config), *argv[1:]]
+
+
 def requested_subcommands(argv: Sequence[str]) -> tuple[str, ...]:
     """The subcommand named first on the command line, or all of them (for --help, typos and their messages)."""
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -270,6 +319,13 @@ def main(args: list[str] | None = None) -> None:
     drop_inapplicable_messages()  # Lightning's ads; a CSVLogger warning the run dir always triggered
     try:
         with exit_on_user_error():  # a ConfigError (or running out of GPU memory): one paragraph, exit code 2
+            resumed = resume_as_started(argv)
+            if resumed is not argv and args is None:
+                # parsed from sys.argv as before: Lightning's DDP launcher re-runs sys.argv for the other ranks
+                sys.argv = [sys.argv[0], *resumed]
+                args = None
+            elif resumed is not argv:
+                args = resumed
             build_cli(args)
     except ArgumentError as err:
         print(

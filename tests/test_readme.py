@@ -504,7 +504,7 @@ def test_debug_preset(launched):
     assert "run_training_batch" in profile, profile[:2000]
 
 
-@pytest.mark.claim("resume-continues-own-run")
+@pytest.mark.claim("resume-continues-own-run", "resume-as-started")
 @needs("preset_then_resume")
 def test_resume(launched):
     launches = launched["preset_then_resume"]
@@ -518,6 +518,16 @@ def test_resume(launched):
     # The same TensorBoard folder; the earlier metrics.csv kept as metrics.1.csv.
     assert len(list(run.glob("events.out.tfevents.*"))) >= 2
     assert {p.name for p in run.glob("metrics*.csv")} == {"metrics.csv", "metrics.1.csv"}
+    # As it was started: the preset's profiler and batch limits came from the run's config.yaml, not from
+    # configs/default.yaml; the flags of the command are the recorded changes.
+    assert (
+        f"Resuming {run.relative_to(resumed.cwd)} as it was started: its config.yaml; changed by this command: --trainer.max_epochs 3"
+        in resumed.stdout + resumed.stderr
+    )
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["trainer"]["profiler"]["class_path"] == "lightning.pytorch.profilers.SimpleProfiler"
+    (record,) = [json.loads(line) for line in (run / "resumes.jsonl").read_text().splitlines()]
+    assert record["changes"][:2] == ["--trainer.max_epochs", "3"]
 
 
 # -- Fill in your model, point at your own data -------------------------------------------------------------------

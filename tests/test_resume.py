@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import Callback, model_checkpoint
 
 from project.data.epoch_sampler import EpochSampler
@@ -34,13 +35,16 @@ FLAGS = [
 
 
 class StopAfterEpoch(Callback):
-    """Stands in for a crash right after the epoch-end checkpoint (ModelCheckpoint saves in on_train_epoch_end)."""
+    """Stands in for a crash right after the epoch-end checkpoint (ModelCheckpoint saves in on_train_epoch_end), the
+    first time only (a file in the working directory marks it): the run's config.yaml records this callback, and the
+    resumed run, started from that config, must go on."""
 
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, epoch: int, marker: str = "stopped-after-epoch") -> None:
+        self.epoch, self.marker = epoch, Path(marker)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        if trainer.current_epoch == self.epoch:
+        if trainer.current_epoch == self.epoch and not self.marker.exists():
+            self.marker.touch()
             raise SystemExit(99)
 
 
@@ -163,6 +167,38 @@ def test_mid_epoch_resume_with_loader_workers_and_augmentation_is_bit_identical(
     assert run_cli("fit", *flags, "--run_dir", "runs/t", add("SignalAtStep", step=7)) == 143
     assert run_cli("fit", *flags, "--ckpt_path", "runs/t/checkpoints/last.ckpt") == 0
     assert_identical(in_tmp / "runs/ref", in_tmp / "runs/t")
+
+
+@pytest.mark.claim("resume-as-started")
+def test_resume_continues_the_run_as_it_was_started(in_tmp, capsys):
+    """`--ckpt_path last` and no --config: the run's config.yaml (its epochs, its loggers, its data), not
+    configs/default.yaml; any other flag is a change that is printed and recorded."""
+    started = [*FLAGS[2:], "--trainer.max_epochs", "3", "--data.init_args.batch_size", "32"]
+    csv_only = {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": "runs", "name": "", "version": ""},  # as configs/default.yaml writes them
+    }
+    started += ["--trainer.logger", json.dumps([csv_only])]  # CSV only, no TensorBoard
+    stop = add("StopAfterEpoch", epoch=1)
+    assert run_cli("fit", *started, "--run_dir", "runs/a", stop) == 99
+    assert run_cli("fit", "--ckpt_path", "last") == 0  # what `make resume` runs
+    out = capsys.readouterr().out
+    assert "Resuming runs/a as it was started: its config.yaml (no change)." in out
+    summary = read_summary(in_tmp / "runs/a")
+    assert (summary["epochs"], summary["global_step"]) == (
+        3,
+        9,
+    )  # 3 epochs x 3 steps: not the default 15 epochs
+    assert not list((in_tmp / "runs/a").glob("events.out.tfevents.*"))  # still no TensorBoard logger
+    config = yaml.safe_load((in_tmp / "runs/a/config.yaml").read_text())
+    assert config["data"]["init_args"]["batch_size"] == 32 and config["trainer"]["max_epochs"] == 3
+    # An explicit change: printed, recorded in resumes.jsonl, and in config.yaml with the rest.
+    assert run_cli("fit", "--ckpt_path", "last", "--trainer.max_epochs", "4") == 0
+    assert "changed by this command: --trainer.max_epochs 4" in capsys.readouterr().out
+    resumes = [json.loads(line) for line in (in_tmp / "runs/a/resumes.jsonl").read_text().splitlines()]
+    assert [r["changes"] for r in resumes] == [[], ["--trainer.max_epochs", "4"]]
+    assert read_summary(in_tmp / "runs/a")["epochs"] == 4
+    assert yaml.safe_load((in_tmp / "runs/a/config.yaml").read_text())["trainer"]["max_epochs"] == 4
 
 
 @pytest.mark.claim("stop-signal-saves-and-exits")
