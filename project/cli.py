@@ -258,6 +258,9 @@ def build_cli(
         subclass_mode_data=True,
         save_config_callback=LogConfig,  # config.yaml without secrets, config + sizes logged as hparams
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites config.yaml in place
+        # No top-level --optimizer/--lr_scheduler: LightningCLI's would replace the module's configure_optimizers
+        # (its parameter groups and schedule); the module's own keys configure both (refuse_top_level_optimizer).
+        auto_configure_optimizers=False,
         # Parse errors are raised (not printed after 60 lines of usage) and shortened in main().
         parser_kwargs={"exit_on_error": False, **{s: default_config for s in subcommands}}
         if run
@@ -313,12 +316,31 @@ def requested_subcommands(argv: Sequence[str]) -> tuple[str, ...]:
     return (first,) if first in SUBCOMMANDS else SUBCOMMANDS
 
 
+TOP_LEVEL_OPTIMIZER_FLAGS = ("--optimizer", "--lr_scheduler")
+
+
+def refuse_top_level_optimizer(argv: Sequence[str]) -> None:
+    """LightningCLI's top-level --optimizer/--lr_scheduler would replace ClassificationModule.configure_optimizers
+    and with it the parameter groups (no weight decay on biases and norms) and the warmup-cosine schedule; this
+    parser does not have them, and one paragraph names the module's keys instead of a parse error."""
+    given = [a for a in argv if a.split("=", 1)[0].split(".", 1)[0] in TOP_LEVEL_OPTIMIZER_FLAGS]
+    if given:
+        raise ConfigError(
+            f"{given[0].split('=', 1)[0]} is Lightning's top-level flag, which would replace the module's "
+            "configure_optimizers: its parameter groups (no weight decay on biases and norm layers) and its "
+            "warmup-cosine schedule would be dropped silently. Set the module's instead: --model.init_args.optimizer "
+            "torch.optim.SGD --model.init_args.optimizer.init_args.lr 0.1 (any torch optimizer), and "
+            "--model.init_args.scheduler <class path, or null for a constant lr>."
+        )
+
+
 def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     quiet_non_zero_ranks()  # DDP: rank 0 speaks for the run
     drop_inapplicable_messages()  # Lightning's ads; a CSVLogger warning the run dir always triggered
     try:
         with exit_on_user_error():  # a ConfigError (or running out of GPU memory): one paragraph, exit code 2
+            refuse_top_level_optimizer(argv)
             resumed = resume_as_started(argv)
             if resumed is not argv and args is None:
                 # parsed from sys.argv as before: Lightning's DDP launcher re-runs sys.argv for the other ranks

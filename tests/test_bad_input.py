@@ -379,3 +379,20 @@ def test_out_of_memory_names_the_batch_size_flag(in_tmp, capsys):
         and "Tried to allocate 2.00 GiB" in err
     )
     assert not (in_tmp / "r/checkpoints").exists()  # it stopped at its first step: nothing was saved
+
+
+@pytest.mark.claim("bad-input-one-paragraph", "optimizer-scheduler-config")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--optimizer", "torch.optim.SGD"],
+        ["--lr_scheduler.class_path", "torch.optim.lr_scheduler.StepLR"],
+        ["--optimizer=torch.optim.SGD", "--optimizer.lr", "0.1"],
+    ],
+    ids=["optimizer", "lr_scheduler", "optimizer-init-arg"],
+)
+def test_top_level_optimizer_flags_are_refused_naming_the_modules_keys(in_tmp, capsys, args):
+    """LightningCLI's top-level --optimizer/--lr_scheduler would replace the module's configure_optimizers (its
+    parameter groups and schedule) and run with exit 0: refused, naming the module's keys."""
+    err = fails(capsys, *args, "--run_dir", "r")
+    assert "Lightning's top-level flag" in err and "--model.init_args.optimizer" in err
