@@ -352,7 +352,7 @@ def main(args: list[str] | None = None) -> None:
     except ArgumentError as err:
         print(
             f"\nerror: invalid arguments or config: {condense_parse_error(str(err))}\n"
-            f"The accepted keys and their types: python -m project {(argv or ['fit'])[0]} --help\n",
+            f"The accepted keys and their types: python -m project {(argv or ['fit'])[0]} --help-all\n",
             file=sys.stderr,
             flush=True,
         )

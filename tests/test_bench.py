@@ -40,6 +40,7 @@ KEYS = {
         "peak_rss_mb",
         "import_torch_lightning_seconds",
         "fit_help_seconds",
+        "fit_help_all_seconds",
     ],
     "scaling": ["batch_size", "dataset_size_in_memory_samples_per_s"],
     "machine": ["cpus", "torch", "lightning", "device"],

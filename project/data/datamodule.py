@@ -48,9 +48,10 @@ class ImageClassificationDataModule(ImageData):
         test_fraction: share of all data held out for test when there is no test split (digits: 0.2).
         split_seed: seed of the train/val/test split, independent of the training seed.
         augment: the training augmentation recipe (project/data/augment.py): `affine` (small rotations, scales
-            and shifts, no flips), `crop_flip` (random crop of a padded image + horizontal flip), or `none`;
-            unset: the source's (affine for digits and MNIST, crop_flip for CIFAR-10 and ImageFolder, none for
-            FashionMNIST). The same recipe runs on every path.
+            and shifts, no flips), `crop_flip` (random crop of a padded image + horizontal flip), `resized_crop`
+            (random crop of 8-100% of the area, scaled back, + flip), or `none`; unset: the source's (affine for
+            digits and MNIST, crop_flip for CIFAR-10, resized_crop for ImageFolder, none for FashionMNIST). The
+            same recipe runs on every path.
         image_size: resize images to this square size; None keeps the native size (ImageFolder: the first
             training image's size).
         pin_memory: pin host memory for faster copies to the GPU; None means "when CUDA is available".

@@ -49,9 +49,9 @@ class StreamingDataModule(ImageData):
         input_dir: what prepare wrote: a local directory or an object-store URL (s3://bucket/prefix).
         batch_size: samples per batch *per device*; the global batch is batch_size x devices x nodes.
         num_workers: loader worker processes per device; None picks one from the CPU count and process count.
-        augment: the training augmentation recipe (`affine`, `crop_flip`, `none`; project/data/augment.py), the
-            image module's; unset: the prepared source's (affine for digits and MNIST, crop_flip for CIFAR-10 and
-            ImageFolder, none for FashionMNIST). The same recipe, code and seeds as on the image module's paths.
+        augment: the training augmentation recipe (`affine`, `crop_flip`, `resized_crop`, `none`;
+            project/data/augment.py), the image module's; unset: the prepared source's (affine for digits and
+            MNIST, crop_flip for CIFAR-10, resized_crop for ImageFolder, none for FashionMNIST). The same recipe, code and seeds as on the image module's paths.
         shuffle: shuffle the training split (a new order each epoch); False reads it in stored order.
         image_size: the size the data was prepared at (None accepts it); a different size is an error that
             names the prepare command, not a silent mismatch with the model.
