@@ -27,6 +27,7 @@ from project.console import drop_inapplicable_messages
 from project.distributed import describe_world, env_rank, quiet_non_zero_ranks, share_cpu_threads
 from project.errors import ConfigError, exit_on_user_error
 from project.module import ClassificationModule
+from project.parse_errors import explain as explain_parse_error
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SUBCOMMANDS = ("fit", "validate", "test")  # LightningCLI's; `predict` is a tool (project/__main__.py)
@@ -225,23 +226,6 @@ def print_run_dir(run_dir: Path) -> None:
         print(f"Run directory: {run_dir}", flush=True)
 
 
-def condense_parse_error(message: str) -> str:
-    """jsonargparse explains a bad key with every Union alternative it tried; keep the lines that matter."""
-    noise = (
-        "Does not validate against any of the Union",
-        "Subtypes:",
-        "Errors:",
-        "NoneType",
-        "Given value type:",
-    )
-    lines = [
-        line.strip(" -")
-        for line in message.splitlines()
-        if line.strip() and not any(n in line for n in noise)
-    ]
-    return "\n  ".join(lines)
-
-
 def build_cli(
     args: list[str] | None = None, run: bool = True, cli_class: type[ProjectCLI] = ProjectCLI
 ) -> ProjectCLI:
@@ -350,12 +334,7 @@ def main(args: list[str] | None = None) -> None:
                 args = resumed
             build_cli(args)
     except ArgumentError as err:
-        print(
-            f"\nerror: invalid arguments or config: {condense_parse_error(str(err))}\n"
-            f"The accepted keys and their types: python -m project {(argv or ['fit'])[0]} --help-all\n",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"\nerror: {explain_parse_error(str(err), argv)}\n", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:
         # A second run in this process (a notebook, a test, a sweep) starts its own W&B session: WandbLogger would

@@ -71,8 +71,43 @@ def fails(capsys, *args, started: bool = False) -> str:
         ),
         pytest.param(
             ["--model.init_args.lrr", "0.1"],
-            ["Option 'lrr' is not accepted", "--help"],
+            [
+                "--model.init_args.lrr: project.module.ClassificationModule takes no argument 'lrr'",
+                "--help-all",
+            ],
             id="unknown key",
+            marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
+        ),
+        pytest.param(
+            ["--data.init_args.batch_sise", "32"],
+            ["takes no argument 'batch_sise'. Did you mean 'batch_size'?"],
+            id="misspelled key",
+            marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
+        ),
+        pytest.param(
+            ["--model.init_args.model.init_args.widht", "8"],
+            [
+                "--model.init_args.model.init_args.widht: project.models.ConvNet takes no argument 'widht'. Did you mean 'width'?"
+            ],
+            id="misspelled nested key",
+            marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
+        ),
+        pytest.param(
+            ["--trainer.max_epoks", "3"],
+            ["--trainer.max_epoks: no such key. Did you mean --trainer.max_epochs?"],
+            id="misspelled trainer key",
+            marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
+        ),
+        pytest.param(
+            ["--model.init_args.model", "my_models.TinyMLP"],
+            ["--model.init_args.model my_models.TinyMLP: no module named 'my_models'", "PYTHONPATH"],
+            id="class path without module",
+            marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
+        ),
+        pytest.param(
+            ["--model.init_args.model", "project.models.ConvNett"],
+            ["has no 'ConvNett'. Did you mean project.models.ConvNet?"],
+            id="misspelled class",
             marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
         ),
         pytest.param(

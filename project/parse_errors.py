@@ -1,0 +1,148 @@
+"""A config or flag the parser refuses, said in one paragraph: what is wrong, the closest match, and the fix.
+
+jsonargparse explains a refused key or class path with every Union alternative it tried, the useful line in the
+middle. The cases a person meets most are recognised here from its message and said in one paragraph; anything
+else keeps the parser's own lines, shortened (`condense`).
+"""
+
+import difflib
+import importlib
+import inspect
+import re
+from collections.abc import Sequence
+
+TOP_LEVEL = (
+    "config",
+    "seed_everything",
+    "trainer",
+    "model",
+    "data",
+    "ckpt_path",
+    "run_dir",
+    "test_after_fit",
+)
+TOP_LEVEL += ("checkpoint_every_n_steps",)
+
+
+def explain(message: str, argv: Sequence[str]) -> str:
+    """One paragraph for a refused argument, with `did you mean` where a close match exists."""
+    for explain_case in (_unknown_option, _missing_module, _missing_attribute, _unrecognized):
+        text = explain_case(message, argv)
+        if text:
+            return text
+    return condense(message)
+
+
+def condense(message: str) -> str:
+    """The parser's lines without the Union alternatives' noise."""
+    noise = (
+        "Does not validate against any of the Union",
+        "Subtypes:",
+        "Errors:",
+        "NoneType",
+        "Given value type:",
+    )
+    lines = [
+        line.strip(" -")
+        for line in message.splitlines()
+        if line.strip() and not any(n in line for n in noise)
+    ]
+    return (
+        "invalid arguments or config: "
+        + "\n  ".join(lines)
+        + "\nThe accepted keys and their types: python -m project "
+        "fit --help-all"
+    )
+
+
+def _closest(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def _flag(argv: Sequence[str], name: str) -> str:
+    """The command-line flag (or config key) that named `name` last, as the user typed it."""
+    for arg in reversed(argv):
+        key = arg.split("=", 1)[0]
+        if key.startswith("--") and (key == f"--{name}" or key.endswith(f".{name}")):
+            return key
+    return name
+
+
+def _unknown_option(message: str, argv: Sequence[str]) -> str | None:
+    owners = re.findall(r"Problem with given class_path '([\w.]+)'", message)
+    option = re.search(r"Option '([\w.]+)' is not accepted", message)
+    if not owners or not option:
+        return None
+    owner, name = owners[-1], option.group(1).split(".")[-1]
+    params = _init_params(owner)
+    where = _flag(argv, name)
+    listed = f" Its arguments: {', '.join(params)}." if params else ""
+    return (
+        f"{where}: {owner} takes no argument '{name}'.{_closest(name, params)}{listed} Every key: python -m project "
+        "fit --help-all."
+    )
+
+
+def _missing_module(message: str, argv: Sequence[str]) -> str | None:
+    found = re.search(r"Problem with given class_path '([\w.]+)':\s*No module named '([\w.]+)'", message)
+    if not found:
+        return None
+    path, module = found.groups()
+    return (
+        f"{_flag_of_value(argv, path)}: no module named '{module}' on the Python path, so '{path}' cannot be imported. "
+        f"If it is your file ({module.replace('.', '/')}.py), run from the folder that holds it or add that folder "
+        f"to PYTHONPATH (PYTHONPATH=/path/to/folder make train ARGS=...); check the spelling of '{module}'."
+    )
+
+
+def _missing_attribute(message: str, argv: Sequence[str]) -> str | None:
+    found = re.search(
+        r"Problem with given class_path '([\w.]+)':\s*module '([\w.]+)' has no attribute '(\w+)'", message
+    )
+    if not found:
+        return None
+    path, module, name = found.groups()
+    try:
+        names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
+    except Exception:  # noqa: BLE001 - the suggestion is a courtesy
+        names = []
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f" Did you mean {module}.{close[0]}?" if close else f" It has: {', '.join(names[:20])}."
+    return f"{_flag_of_value(argv, path)}: module '{module}' has no '{name}'.{hint}"
+
+
+def _unrecognized(message: str, argv: Sequence[str]) -> str | None:
+    found = re.search(r"unrecognized arguments: (.+)", message)
+    if not found:
+        return None
+    flag = found.group(1).split()[0]
+    key = flag.lstrip("-").split("=", 1)[0]
+    head, _, rest = key.partition(".")
+    if head == "trainer" and rest:
+        choices = [f"trainer.{p}" for p in _init_params("lightning.pytorch.Trainer")]
+    else:
+        choices = list(TOP_LEVEL)
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+    hint = f" Did you mean --{close[0]}?" if close else ""
+    return f"{flag}: no such key.{hint} Every key: python -m project fit --help-all."
+
+
+def _flag_of_value(argv: Sequence[str], value: str) -> str:
+    """The flag whose value is `value` (a class path), or the value itself when it came from a config file."""
+    for i, arg in enumerate(argv):
+        if arg.endswith(f"={value}"):
+            return arg.split("=", 1)[0]
+        if arg == value and i > 0 and argv[i - 1].startswith("--"):
+            return f"{argv[i - 1]} {value}"
+    return value
+
+
+def _init_params(class_path: str) -> list[str]:
+    """The constructor arguments of a class named by its import path ([] when it cannot be imported)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        return [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+    except Exception:  # noqa: BLE001 - the suggestion is a courtesy
+        return []
