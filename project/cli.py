@@ -205,7 +205,12 @@ def step_checkpoint(every_n_steps: int) -> Namespace:
     return Namespace(class_path="project.callbacks.StepCheckpoint", init_args=Namespace(**init))
 
 
+# summary.json's keys in the order a person reads them: the verdict first, then where the files are
+SUMMARY_FIRST = ("test_acc", "test_loss", "best_val_acc", "epochs", "train_seconds")
+
+
 def print_summary(run_dir: Path) -> None:
+    """The run's summary.json as a table (the test result first), what to look at or run next, then the run dir."""
     import json
 
     from rich.console import Console
@@ -213,10 +218,25 @@ def print_summary(run_dir: Path) -> None:
 
     path = run_dir / "summary.json"
     if path.exists():
+        summary = json.loads(path.read_text())
         table = Table(title="Run summary", show_header=False)
-        for key, value in json.loads(path.read_text()).items():
+        ordered = [k for k in SUMMARY_FIRST if k in summary] + [k for k in summary if k not in SUMMARY_FIRST]
+        for key in ordered:
+            value = summary[key]
             table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
         Console().print(table)
+        best = summary.get("best_checkpoint") or summary.get("last_checkpoint")
+        if best and Path(best).is_absolute() and Path(best).is_relative_to(Path.cwd()):
+            best = str(Path(best).relative_to(Path.cwd()))  # as the README's commands write it
+        report = run_dir / "report.png"
+        if report.exists():
+            print(f"Report: {report} (curves, learning rate, confusion matrix, wrong images)", flush=True)
+        if best:
+            print(
+                f"Next: make tensorboard   |   make predict CKPT={best} INPUT=<image or folder>   |   "
+                f"make export CKPT={best}",
+                flush=True,
+            )
     print_run_dir(run_dir)
 
 

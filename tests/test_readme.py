@@ -424,7 +424,13 @@ def check_ddp(result: Launch, peak_lr: float) -> Path:
 # -- make train and the files it leaves --------------------------------------------------------------------------
 
 
-@pytest.mark.claim("train-prints-run-dir", "run-dir-layout", "summary-keys", "make-help-lists-targets")
+@pytest.mark.claim(
+    "train-prints-run-dir",
+    "run-dir-layout",
+    "summary-keys",
+    "make-help-lists-targets",
+    "summary-printed-first-and-next",
+)
 def test_make_train(finished_run: FinishedRun):
     result = finished_run.launch
     run = check_run(result)
@@ -439,6 +445,19 @@ def test_make_train(finished_run: FinishedRun):
     table = lines[max(i for i, line in enumerate(lines) if "Run summary" in line) : -1]
     assert any("test_acc " in line for line in table), result
     assert any("best_checkpoint" in line for line in table), result
+    # The verdict first, then the report and the next commands, the run directory last.
+    rows = [line.split("│")[1].strip() for line in table if line.count("│") >= 3]
+    assert rows[:2] == ["test_acc", "test_loss"], rows
+    best = summary_of(run)["best_checkpoint"]
+    assert (
+        lines[-3]
+        == f"Report: runs/{run.name}/report.png (curves, learning rate, confusion matrix, wrong images)"
+    )
+    assert (
+        lines[-2].startswith("Next: make tensorboard")
+        and f"make predict CKPT=runs/{run.name}/checkpoints/" in lines[-2]
+    )
+    assert Path(best).name in lines[-2], (lines[-2], best)
     # The run directory as the README lists it.
     names = {str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()}
     expected = {
