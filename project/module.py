@@ -178,16 +178,19 @@ class ClassificationModule(L.LightningModule):
         self._evaluate(batch, "val")
 
     def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            # The untrained model's numbers: not logged, so epoch 0's progress bar shows no stale val/acc
+            for metric in (self.val_loss, self.val_acc, *((self.val_acc5,) if self.top5 else ())):
+                metric.reset()
+            return
         acc = self.val_acc.compute()
-        if not self.trainer.sanity_checking:
-            self.val_acc_best.update(acc)
+        self.val_acc_best.update(acc)
         metrics = {"val/loss": "val_loss", "val/acc": "val_acc"}
         if self.top5:
             metrics["val/acc_top5"] = "val_acc5"
         self._log_metrics(metrics, prog_bar=True)
-        if not self.trainer.sanity_checking:
-            # Same value on every rank (from synced val/acc); sync_dist only silences the DDP warning.
-            self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
+        # Same value on every rank (from synced val/acc); sync_dist only silences the DDP warning.
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
     def test_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
         """Update the test metrics; return the float32 logits (batch, num_classes) for callbacks (RunReport)."""

@@ -226,7 +226,13 @@ def test_fit_help_is_short_starts_with_the_projects_keys_and_imports_no_lightnin
     code = "import sys; from project.__main__ import main; main(['fit', '--help']); print('lightning' in sys.modules)"
     env = {**os.environ, "COLUMNS": "100"}  # the width it wraps to
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     lines = out.splitlines()
     assert lines[-1] == "False" and len(lines) < 80, (lines[-1], len(lines))  # no Lightning imported

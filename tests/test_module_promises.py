@@ -88,11 +88,8 @@ class StepReference(Callback):
 def fit(module, datamodule, callbacks=(), **trainer_kwargs) -> tuple:
     recorder = Recorder()
     trainer = quiet_trainer(
-        logger=recorder,
-        callbacks=list(callbacks),
-        num_sanity_val_steps=0,
-        deterministic=True,
-        **trainer_kwargs,
+        **{"logger": recorder, "callbacks": list(callbacks), "num_sanity_val_steps": 0, "deterministic": True}
+        | trainer_kwargs
     )
     trainer.fit(module, datamodule=datamodule)
     return trainer, recorder
@@ -271,3 +268,30 @@ def test_reduce_on_plateau_steps_on_val_loss(in_tmp):
     ckpt = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
     (state,) = ckpt["lr_schedulers"]
     assert math.isclose(state["best"], min(val_loss.values()), rel_tol=1e-7)
+
+
+@pytest.mark.claim("sanity-check-not-logged")
+def test_the_sanity_check_logs_nothing_epoch_0_shows_no_untrained_val_acc():
+    """Lightning's sanity check validates the untrained model; the progress bar keeps the metrics it last drew, so a
+    val/acc logged there (about chance) stayed on epoch 0's bar as if measured. Nothing is logged there now."""
+    import lightning as L
+
+    from project.callbacks import ProgressBar
+
+    class Bar(ProgressBar):
+        def get_metrics(self, trainer, pl_module):
+            items = super().get_metrics(trainer, pl_module)
+            if trainer.sanity_checking:
+                self.shown_in_sanity.append(dict(items))
+            return items
+
+    L.seed_everything(0)
+    bar = Bar()
+    bar.shown_in_sanity = []  # what the bar was given to draw during the sanity check
+    trainer, recorder = fit(
+        make_module(), ImageClassificationDataModule(num_workers=0), [bar], max_epochs=1, limit_train_batches=2,
+        limit_val_batches=2, num_sanity_val_steps=2, enable_progress_bar=True,
+    )  # fmt: skip
+    assert bar.shown_in_sanity and not any(k.startswith("val/") for m in bar.shown_in_sanity for k in m)
+    (val_acc,) = recorder.values("val/acc")  # epoch 0's own validation is logged as before
+    assert 0 <= val_acc <= 1
