@@ -170,9 +170,21 @@ MAKE_VARIABLES = (
 )
 
 
+def environment() -> dict[str, str]:
+    """A copy of os.environ. Copying it is not atomic: os.environ lists its keys, then reads each, and pytest sets
+    and deletes PYTEST_CURRENT_TEST in the main thread while tests/test_readme.py copies the environment for its
+    launches in threads (a KeyError in one CI run). A key removed in between makes the copy start again."""
+    for _ in range(1000):
+        try:
+            return dict(os.environ)
+        except (KeyError, RuntimeError):
+            continue
+    return dict(os.environ)
+
+
 def user_environment() -> dict[str, str]:
     """This process's environment as a user's shell would have it: nothing inherited from make."""
-    return {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
+    return {k: v for k, v in environment().items() if k not in MAKE_VARIABLES}
 
 
 @functools.cache

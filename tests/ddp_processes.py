@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, environment
 
 # Deadlines. They tell a hang from a slow run and are no performance bar: a hung collective waits out
 # configs/ddp.yaml's 10-minute timeout (a rendezvous whose peer never came, 30 min), while one launch of these tests
@@ -29,7 +29,7 @@ QUICK_DEADLINE_S = 30
 
 def env_for_children() -> dict:
     # The checkout's `project` and `tests`, whatever directory the processes run in.
-    env = dict(os.environ)
+    env = environment()  # a copy that a concurrent change cannot break
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     # CPU processes with gloo, as the README's guarantees are tested, on a machine with GPUs too (the commands
     # pick the accelerator themselves: `auto`).
