@@ -7,6 +7,7 @@ imports project/cli.py itself.
 """
 
 import importlib
+import os
 import sys
 
 from project.errors import exit_on_user_error
@@ -38,7 +39,11 @@ def main(args: list[str] | None = None) -> None:
         with exit_on_user_error():
             importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
         return
-    from project.cli import main as train_main  # fit, validate, test (and their --help)
+    if not any(os.environ.get(v, "0") != "0" for v in ("RANK", "LOCAL_RANK", "SLURM_PROCID")):
+        # Importing the training stack takes seconds in which nothing else would be printed (rank 0 only: the
+        # other DDP ranks stay quiet)
+        print("Loading torch and Lightning...", file=sys.stderr, flush=True)
+    from project.cli import main as train_main  # fit, validate, test (and their --help-all)
 
     train_main(args)
 

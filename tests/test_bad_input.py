@@ -99,8 +99,9 @@ def fails(capsys, *args, started: bool = False) -> str:
             marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
         ),
         pytest.param(
-            ["--model.init_args.model", "my_models.TinyMLP"],
-            ["--model.init_args.model my_models.TinyMLP: no module named 'my_models'", "PYTHONPATH"],
+            # (not my_models: tests/test_cli.py puts a my_models.py on the path of the process it runs in)
+            ["--model.init_args.model", "not_on_the_path.TinyMLP"],
+            ["--model.init_args.model not_on_the_path.TinyMLP: no module named 'not_on_the_path'", "PYTHONPATH"],
             id="class path without module",
             marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
         ),
