@@ -286,7 +286,7 @@ def resume_as_started(argv: list[str]) -> list[str]:
     resumes.jsonl, and written into its config.yaml with the rest. With `--config` given, the command is taken as
     it is (the config named is the one meant). Returns argv itself when nothing is to be done.
     """
-    if not argv or argv[0] != "fit" or any(a == "--config" or a.startswith("--config=") for a in argv):
+    if not argv or argv[0] != "fit" or any(a in ("--config", "-c") or a.startswith("--config=") for a in argv):
         return argv
     ckpt_path, rest, i = None, [], 1
     while i < len(argv):
@@ -347,9 +347,8 @@ def main(args: list[str] | None = None) -> None:
             refuse_top_level_optimizer(argv)
             resumed = resume_as_started(argv)
             if resumed is not argv and args is None:
-                # parsed from sys.argv as before: Lightning's DDP launcher re-runs sys.argv for the other ranks
+                # still parsed from sys.argv: Lightning's DDP launcher re-runs sys.argv for the other ranks
                 sys.argv = [sys.argv[0], *resumed]
-                args = None
             elif resumed is not argv:
                 args = resumed
             build_cli(args)

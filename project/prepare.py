@@ -84,9 +84,9 @@ class Samples:
 
         group, i = key
         if self.source == "imagefolder":
-            from project.data.decode import load_image
+            from project.data.decode import load_image_at
 
-            return resize(load_image(self.files[group][i][0]), self.size)
+            return load_image_at(self.files[group][i][0], self.size)
         return resize(self.tensors(group == "train")[0][i], self.size)
 
     def label(self, key: tuple[str, int]) -> int:

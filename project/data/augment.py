@@ -9,7 +9,7 @@ after a resume.
 The recipe is named in the config (`data.init_args.augment`); unset, the source's recipe below.
 """
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from torch import Tensor
 from project.rng import mix_seed
 
 Recipe = Literal["none", "affine", "crop_flip", "resized_crop"]
-RECIPES: tuple[str, ...] = ("none", "affine", "crop_flip", "resized_crop")
+RECIPES: tuple[str, ...] = get_args(Recipe)
 # Unset `augment`: small affine moves for digit-like data (never flips: a flipped 2 is not a 2), pad-and-crop +
 # flip for small photos (CIFAR-10's usual recipe), random resized crops + flip for photo folders (ImageNet's),
 # nothing for FashionMNIST (its garments are centred and aligned).

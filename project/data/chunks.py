@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from project.atomic import write_text_atomic
 from project.errors import ConfigError
 
 SPLITS = ("train", "val", "test")
@@ -80,9 +81,7 @@ def write_json(path: str, content: dict, storage_options: dict | None = None) ->
     text = json.dumps(content, indent=2) + "\n"
     if not is_remote(path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(path).with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)  # whole or not at all
+        write_text_atomic(path, text)  # whole or not at all
         return
     with tempfile.TemporaryDirectory() as tmp:
         local = os.path.join(tmp, "f.json")

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from project.data import digits, folder_index, image_folder, torchvision_datasets
 from project.data.augment import Recipe, recipe_for
 from project.data.base import ImageData
-from project.data.decode import load_image
+from project.data.decode import load_image_at
 from project.data.image_files import ImageFiles
 from project.data.in_memory import InMemoryLoader
 from project.data.loaders import eval_loader, loader_args, train_loader, world
@@ -157,11 +157,13 @@ class ImageClassificationDataModule(ImageData):
         hp = self.hparams
         given = {name for name in ("val", "test") if os.path.isdir(os.path.join(hp.root, name))}
         fractions = self._fractions(given)
-        pixels = functools.partial(_folder_pixels, size=self.size)
+        pixels = functools.partial(load_image_at, size=self.size)  # a file as every path serves it
+
+        def carved(train_files: list[tuple[str, int]]) -> dict[str, list[int]]:
+            return carve([y for _, y in train_files], len(train_files), fractions, hp.split_seed)
 
         def stats(train_files: list[tuple[str, int]]) -> tuple[list[float], list[float]]:
-            kept = carve([y for _, y in train_files], len(train_files), fractions, hp.split_seed)["train"]
-            return train_stats(lambda i: pixels(train_files[i][0]), kept)
+            return train_stats(lambda i: pixels(train_files[i][0]), carved(train_files)["train"])
 
         # Indexed and checked once, on one process; later starts re-check only new or changed files, and the
         # statistics are recomputed only when the training files or what decides them changed (folder_index.py).
@@ -175,11 +177,11 @@ class ImageClassificationDataModule(ImageData):
             fail_unreadable(index.unreadable[name], len(samples), os.path.join(hp.root, name))
         self.mean, self.std = index.mean, index.std
         train_files = index.samples["train"]
-        parts = carve([y for _, y in train_files], len(train_files), fractions, hp.split_seed)
+        parts = carved(train_files)
         files = {name: index.samples[name] for name in given}
         files.update({name: [train_files[i] for i in idx] for name, idx in parts.items()})
         self.train_set, self.val_set, self.test_set = (
-            ImageFiles(files[name], functools.partial(resize, size=self.size), load_image) for name in SPLITS
+            ImageFiles(files[name], loader=pixels) for name in SPLITS
         )
         if hp.in_memory:  # decoded once, here: the in-memory path serves the same pixels as the files
             self.tensors = {
@@ -235,8 +237,3 @@ class ImageClassificationDataModule(ImageData):
 
     def test_dataloader(self) -> DataLoader | InMemoryLoader:
         return self._loader("test")
-
-
-def _folder_pixels(path: str, size: tuple[int, int]) -> torch.Tensor:
-    """One image file as uint8 (3, H, W) at the training size: what the folder's loader serves."""
-    return resize(load_image(path), size)

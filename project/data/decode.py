@@ -71,3 +71,10 @@ def pil_draft_file(path: str | Path, params: tuple, out: int) -> tuple[Tensor, t
 def load_image(path: str | Path) -> Tensor:
     """The default decoder (DECODER): an image file as a (3, H, W) uint8 RGB tensor."""
     return decode_image_file(path)
+
+
+def load_image_at(path: str | Path, size: tuple[int, int] | None) -> Tensor:
+    """An image file as every path serves it: uint8 (3, H, W) RGB at the training size (normalize.resize)."""
+    from project.data.normalize import resize
+
+    return resize(load_image(path), size)

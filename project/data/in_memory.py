@@ -1,10 +1,9 @@
 """The fast path for data that fits in memory: the whole split as one tensor, batches drawn by index.
 
-Why not a DataLoader over a Dataset: the DataLoader path collates per-sample tensors and runs a per-sample
-transform in Python for each image. On digits (2 busy CPU cores, 2026-11-30) that path delivered 0.5-1.7k
-samples/s, less than the ConvNet trains on (~1.3k/s), while gathering and augmenting whole batches here gave
-35-190k samples/s, 40-110x (`make bench`: loader.*); with it, training ran 1.8x faster end to end
-(options.dataloader_path: x0.55). airbench does the same for CIFAR-10.
+Why not only a DataLoader over a Dataset: it collates per-sample tensors through Python for each batch, while
+here a batch is one `index_select` on the training device (`make bench`: loader.*, and option dataloader_path for
+the end-to-end difference on this machine). Both serve the same batches for the same seed; the data module then
+augments and normalises them per batch on either path. airbench does the same for CIFAR-10.
 
 What a loader that is not a torch DataLoader does itself: Lightning injects its DistributedSampler only into
 DataLoaders, so this loader shards by rank (EpochSampler); and Lightning saves a loader's position only through

@@ -36,8 +36,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from project.data.augment import Recipe, recipe_for
 from project.data.base import ImageData
 from project.data.chunks import MIN_CHUNKS, allow_plain_http, check_split, join, read_metadata, rewrite_hint
+from project.data.loaders import loader_args
 from project.data.validate import check_batch_size
-from project.data.workers import default_num_workers
 from project.errors import ConfigError
 from project.rng import run_seed
 
@@ -51,7 +51,8 @@ class StreamingDataModule(ImageData):
         num_workers: loader worker processes per device; None picks one from the CPU count and process count.
         augment: the training augmentation recipe (`affine`, `crop_flip`, `resized_crop`, `none`;
             project/data/augment.py), the image module's; unset: the prepared source's (affine for digits and
-            MNIST, crop_flip for CIFAR-10, resized_crop for ImageFolder, none for FashionMNIST). The same recipe, code and seeds as on the image module's paths.
+            MNIST, crop_flip for CIFAR-10, resized_crop for ImageFolder, none for FashionMNIST). The same recipe,
+            code and seeds as on the image module's paths.
         shuffle: shuffle the training split (a new order each epoch); False reads it in stored order.
         image_size: the size the data was prepared at (None accepts it); a different size is an error that
             names the prepare command, not a silent mismatch with the model.
@@ -140,10 +141,9 @@ class StreamingDataModule(ImageData):
         hp = self.hparams
         if "://" in self.input_dir:
             allow_plain_http(hp.storage_options)
-        workers = hp.num_workers
-        if workers is None:
-            workers = default_num_workers(True, self.trainer.num_devices if self.trainer is not None else 1)
-        pin = hp.pin_memory if hp.pin_memory is not None else torch.cuda.is_available()
+        # the worker count and pinning every loader of this project gets (project/data/loaders.py)
+        common = loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, reads_files=True)
+        workers, pin = common["num_workers"], common["pin_memory"]
         kwargs = dict(storage_options=hp.storage_options, max_cache_size=hp.max_cache_size)
         if hp.cache_dir is not None:
             kwargs["cache_dir"] = hp.cache_dir
