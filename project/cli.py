@@ -26,7 +26,6 @@ from project.checkpoint import check_checkpoint, read_checkpoint
 from project.console import drop_inapplicable_messages
 from project.distributed import describe_world, env_rank, quiet_non_zero_ranks, share_cpu_threads
 from project.errors import ConfigError, exit_on_user_error
-from project.module import ClassificationModule
 from project.parse_errors import explain as explain_parse_error
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -53,6 +52,7 @@ class ProjectCLI(LightningCLI):
         self.only_subcommands = tuple(only_subcommands) if only_subcommands else None
         # LightningCLI parses sys.argv when given no args: the command line Lightning's DDP launcher re-runs.
         self.parsed_sys_argv = kwargs.get("args") is None
+        self.links = DATA_TO_MODEL  # until the parsed config names the classes (parse_arguments)
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:  # LightningCLI calls it on the instance
@@ -79,19 +79,25 @@ class ProjectCLI(LightningCLI):
             "wall-clock interval of the config's second ModelCheckpoint stays on).",
         )
         parser.set_defaults({"trainer.precision": auto_precision()})
-        # The data decides classes and input shape; the module and the model receive them, never typed twice.
-        # A target the chosen class does not take (say, a model without `in_channels`) is skipped.
-        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
-        parser.link_arguments(
-            "data.num_classes", "model.init_args.model.init_args.num_classes", apply_on="instantiate"
-        )
-        parser.link_arguments(
-            "data.in_channels", "model.init_args.model.init_args.in_channels", apply_on="instantiate"
-        )
+        for source, target in self.links:
+            parser.link_arguments(source, target, apply_on="instantiate")
+
+    def setup_parser(self, *args, **kwargs) -> None:
+        self.parser_setup = (args, kwargs)  # to build it again with other links (parse_arguments)
+        super().setup_parser(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        links = data_to_model_links(self.config[subcommand] if subcommand else self.config)
+        if links != list(self.links):
+            # A class that does not take every linked argument (any LightningModule): parsed again by a parser with
+            # only the links its classes take. A link to an argument a class lacks is skipped by the parser but
+            # still handed to Lightning's hyperparameter recording, which then failed an assertion.
+            self.links = links
+            setup_args, setup_kwargs = self.parser_setup
+            super().setup_parser(*setup_args, **setup_kwargs)
+            super().parse_arguments(self.parser, args)
         # LightningCLI next reads the checkpoint's hyperparameters (torch.load): a missing, truncated or foreign file
         # must be one readable paragraph, not an unpickling traceback. mmap: only the index is read.
         subcommand = self.config.get("subcommand")
@@ -118,15 +124,7 @@ class ProjectCLI(LightningCLI):
         config = self.config[subcommand] if self.subcommand else self.config
         trainer = config.trainer
         if subcommand == "fit" and config.get("checkpoint_every_n_steps"):
-            added = step_checkpoint(config.checkpoint_every_n_steps)
-            # A resumed run's config.yaml lists the one its start added already: not a second one.
-            n = config.checkpoint_every_n_steps
-            same = (
-                c.class_path == added.class_path and c.init_args.get("every_n_train_steps") == n
-                for c in trainer.callbacks or []
-            )
-            if not any(same):
-                trainer.callbacks = [*(trainer.callbacks or []), added]
+            step_checkpoint(trainer.callbacks, config.checkpoint_every_n_steps)
         run_dir.prepare(config, subcommand, command_line=self.parsed_sys_argv)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -181,6 +179,41 @@ class ProjectCLI(LightningCLI):
     after_validate = after_test
 
 
+# The data decides classes and input shape; the module and its nested model receive them, never typed twice.
+DATA_TO_MODEL = (
+    ("data.num_classes", "model.init_args.num_classes"),
+    ("data.input_shape", "model.init_args.input_shape"),
+    ("data.num_classes", "model.init_args.model.init_args.num_classes"),
+    ("data.in_channels", "model.init_args.model.init_args.in_channels"),
+)
+
+
+def data_to_model_links(config: Namespace) -> list[tuple[str, str]]:
+    """The DATA_TO_MODEL links whose target the configured class takes as a named argument (any LightningModule
+    is accepted: configs/autoencoder.yaml's takes `input_shape` only and has no nested `model`)."""
+    links = []
+    for source, target in DATA_TO_MODEL:
+        owner, _, name = target.rpartition(".init_args.")
+        node = config.get(owner)
+        class_path = node.get("class_path") if isinstance(node, Namespace) else None
+        if class_path and name in constructor_parameters(class_path):
+            links.append((source, target))
+    return links
+
+
+def constructor_parameters(class_path: str) -> set[str]:
+    """The named parameters of a class's constructor (empty when it cannot be imported: the parser says why)."""
+    import importlib
+    import inspect
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        return set(inspect.signature(cls).parameters)
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return set()
+
+
 def _add_missing_init_args(node) -> None:
     """Give every {class_path: ...} mapping in a config dump an init_args mapping (empty if it had none)."""
     if isinstance(node, dict):
@@ -193,16 +226,23 @@ def _add_missing_init_args(node) -> None:
             _add_missing_init_args(value)
 
 
-def step_checkpoint(every_n_steps: int) -> Namespace:
-    """`--checkpoint_every_n_steps N`: a StepCheckpoint that also writes checkpoints/last.ckpt every N optimizer
-    steps, mid-epoch included (its dirpath is filled in with the other checkpoints' by project/run_dir.py)."""
-    init = {
-        "save_top_k": 0,
-        "save_last": True,
-        "every_n_train_steps": every_n_steps,
-        "enable_version_counter": False,
-    }
-    return Namespace(class_path="project.callbacks.StepCheckpoint", init_args=Namespace(**init))
+def step_checkpoint(callbacks: list | None, every_n_steps: int) -> None:
+    """`--checkpoint_every_n_steps N`: the config's RunCheckpoint also writes checkpoints/last.ckpt every N optimizer
+    steps, mid-epoch included (its `every_n_train_steps`; config.yaml records it, so a resume keeps it)."""
+    import importlib
+
+    from project.callbacks import RunCheckpoint
+
+    for callback in callbacks or []:
+        module, _, name = callback.class_path.rpartition(".")
+        cls = getattr(importlib.import_module(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, RunCheckpoint):
+            callback.init_args.every_n_train_steps = every_n_steps
+            return
+    raise ConfigError(
+        "--checkpoint_every_n_steps sets every_n_train_steps of the config's project.callbacks.RunCheckpoint, and "
+        "trainer.callbacks has none: add it (configs/default.yaml lists it) or drop the flag."
+    )
 
 
 # summary.json's keys in the order a person reads them: the verdict first, then where the files are
@@ -223,15 +263,21 @@ def print_summary(run_dir: Path) -> None:
         ordered = [k for k in SUMMARY_FIRST if k in summary] + [k for k in summary if k not in SUMMARY_FIRST]
         for key in ordered:
             value = summary[key]
+            if value is None:  # best_val_acc of a module that logs no val/acc
+                continue
             table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
         Console().print(table)
         best = summary.get("best_checkpoint") or summary.get("last_checkpoint")
         if best and Path(best).is_absolute() and Path(best).is_relative_to(Path.cwd()):
             best = str(Path(best).relative_to(Path.cwd()))  # as the README's commands write it
         report = run_dir / "report.png"
+        classifier = "test_acc" in summary  # predict and export serve classifiers
         if report.exists():
-            print(f"Report: {report} (curves, learning rate, confusion matrix, wrong images)", flush=True)
-        if best:
+            drawn = ", confusion matrix, wrong images" if classifier else ""
+            print(f"Report: {report} (curves, learning rate{drawn})", flush=True)
+        if not classifier:
+            print("Next: make tensorboard", flush=True)
+        elif best:
             print(
                 f"Next: make tensorboard   |   make predict CKPT={best} INPUT=<image or folder>   |   "
                 f"make export CKPT={best}",
@@ -254,7 +300,9 @@ def build_cli(
     default_config = {"default_config_files": [str(CONFIG_DIR / "default.yaml")], "exit_on_error": False}
     subcommands = requested_subcommands(sys.argv[1:] if args is None else args) if run else SUBCOMMANDS
     return cli_class(
-        ClassificationModule,
+        # Any LightningModule by class_path (configs/default.yaml names ClassificationModule; configs/autoencoder.yaml
+        # another task).
+        L.LightningModule,
         # Any LightningDataModule by class_path (configs/default.yaml names ImageClassificationDataModule; README
         # "Any Dataset": project.data.DatasetDataModule).
         L.LightningDataModule,

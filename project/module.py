@@ -18,7 +18,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from project.models.output_check import check_output_shape
 from project.optim import build_optimizer, clips_under_amp
-from project.schedule import WarmupCosine
+from project.schedule import WarmupCosine, start_schedules
 
 # A batch's inputs, as the data module's collate_fn makes them: an image batch (B, C, H, W), or for other data a
 # tensor, a tuple/list of model arguments or a dict of keyword arguments (project/data/dataset_module.py).
@@ -267,7 +267,4 @@ class ClassificationModule(L.LightningModule):
         return self.configured_lr() * self.lr_scale(world_size)
 
     def on_train_start(self) -> None:
-        # The train loader is set up (and restored, on resume) by now: the schedule's length can be asked for.
-        for config in self.trainer.lr_scheduler_configs:
-            if isinstance(config.scheduler, WarmupCosine):
-                config.scheduler.start(int(self.trainer.estimated_stepping_batches), self.trainer.max_epochs)
+        start_schedules(self.trainer)  # the train loader is set up (and restored, on resume) by now

@@ -69,3 +69,11 @@ class WarmupCosine(LRScheduler):
 
     def get_lr(self) -> list[float]:
         return [base_lr * self.factor(self.last_epoch) for base_lr in self.base_lrs]
+
+
+def start_schedules(trainer) -> None:
+    """`start` every WarmupCosine of the Trainer with the run's length; a module calls it from `on_train_start`,
+    when the train loader is set up (and restored, on resume): see WarmupCosine."""
+    for config in trainer.lr_scheduler_configs:
+        if isinstance(config.scheduler, WarmupCosine):
+            config.scheduler.start(int(trainer.estimated_stepping_batches), trainer.max_epochs)

@@ -118,7 +118,9 @@ class LogConfig(SaveConfigCallback):
         """The config of `python -m project fit` without flags (configs/default.yaml), dumped as config.yaml is."""
         if getattr(self, "_default_config", None) is None:
             try:
-                defaults = self.parser.get_defaults()
+                # unvalidated: this run's parser has only the links of its own module class, which may not be
+                # the default config's (configs/autoencoder.yaml)
+                defaults = self.parser.get_defaults(skip_validation=True)
                 dump = self.parser.dump(defaults, skip_none=False, skip_validation=True)
                 self._default_config = redact(yaml.safe_load(dump))
             except Exception as err:  # a finished run must not fail over a column of the HPARAMS table

@@ -84,12 +84,16 @@ class RunReport(Callback):
 
     def on_test_start(self, trainer, pl_module) -> None:
         self._reset_test()
+        if not isinstance(getattr(pl_module, "num_classes", None), int):
+            return  # not a classifier (configs/autoencoder.yaml): the curves and learning rates only
         # On the module's device: under DDP, compute() then gathers every rank's share of the test set.
         self.confusion = MulticlassConfusionMatrix(num_classes=pl_module.num_classes).to(pl_module.device)
 
     def on_test_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
+        if self.confusion is None:
+            return
         x, y = batch
         if not (isinstance(outputs, Tensor) and outputs.shape == (len(y), pl_module.num_classes)):
             with torch.no_grad():  # test_step returned no logits: compute them
@@ -143,7 +147,10 @@ class RunReport(Callback):
         lrs = [history["lrs"][step] for step in sorted(history["lrs"])]
         names = getattr(trainer.datamodule, "class_names", None)
         wrong = self.wrong if self.images else None
-        image = render(history["epochs"], lrs, self.matrix, wrong, names, self.dpi, history["lr_names"])
+        classifier = isinstance(getattr(trainer.lightning_module, "num_classes", None), int)
+        image = render(
+            history["epochs"], lrs, self.matrix, wrong, names, self.dpi, history["lr_names"], classifier
+        )
         run_dir.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
@@ -194,28 +201,29 @@ def group_names(param_groups: list[dict]) -> list[str]:
     return [str(g.get("name") or f"pg{i + 1}") for i, g in enumerate(param_groups)]
 
 
-def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None):
+def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier: bool = True):
     """The report as an (H, W, 3) uint8 array; confusion is a (num_classes, num_classes) tensor or None; wrong is
-    None when the test inputs were not images (the panel says so)."""
+    None when the test inputs were not images (the panel says so). Not a classifier: the curves only."""
     import numpy as np
 
-    fig = report_figure(epochs, lrs, confusion, wrong, class_names, dpi, lr_names)
+    fig = report_figure(epochs, lrs, confusion, wrong, class_names, dpi, lr_names, classifier)
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
-def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None):
+def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier: bool = True):
     """The report's matplotlib Figure (what `render` rasterises): its axes hold the data drawn.
 
     Layout: `fig.subfigs[0]` holds the loss, accuracy and learning-rate axes; `fig.subfigs[1].subfigs[0]` the
-    confusion matrix, `fig.subfigs[1].subfigs[1]` one axes per wrong image, captioned by its title.
+    confusion matrix, `fig.subfigs[1].subfigs[1]` one axes per wrong image, captioned by its title. Not a
+    classifier: the figure holds the three axes of the top row only.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(15, 10), dpi=dpi, layout="constrained")
+    fig = Figure(figsize=(15, 10 if classifier else 5), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
-    top, bottom = fig.subfigures(2, 1)
+    top, bottom = fig.subfigures(2, 1) if classifier else (fig, None)
     ax_loss, ax_acc, ax_lr = top.subplots(1, 3)
     xs = sorted(epochs)
     for ax, metric in ((ax_loss, "loss"), (ax_acc, "acc")):
@@ -227,8 +235,11 @@ def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names
         if ax.lines:
             ax.legend()
         else:
-            ax.text(0.5, 0.5, "no epochs logged", ha="center", transform=ax.transAxes)
+            said = "no epochs logged" if classifier or metric == "loss" else "not a classifier: no accuracy"
+            ax.text(0.5, 0.5, said, ha="center", transform=ax.transAxes)
     _lr_lines(ax_lr, lrs, lr_names)
+    if bottom is None:
+        return fig
     left, right = bottom.subfigures(1, 2)
     _confusion(left.subplots(), confusion, class_names)
     _wrong_grid(right, wrong, class_names)
