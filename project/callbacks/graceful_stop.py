@@ -4,20 +4,20 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
-
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 
+from project.callbacks.run_checkpoint import RunCheckpoint
 from project.distributed import env_rank
+from project.errors import ConfigError
 
 
 class GracefulStop(Callback):
     """Turns SIGTERM and SIGINT into "finish this step, save `last`, exit 128 + signal number".
 
-    The checkpoint is written in on_train_batch_end, the same point where ModelCheckpoint's step-based saves
-    happen, so Lightning's restart logic treats it like any mid-epoch checkpoint. A signal that arrives during
+    The run's RunCheckpoint writes last.ckpt (`write_last`), in on_train_batch_end, where its step and time saves
+    happen too, so Lightning's restart logic treats it like any mid-epoch checkpoint. A signal that arrives during
     validation takes effect after the next training step. A second Ctrl+C stops at once without saving.
     Lightning's own SIGTERM handler is replaced from the first training step on (see on_train_start).
     SLURM's requeue signal (SIGUSR1 with SLURMEnvironment(auto_requeue=True)) stays with Lightning, which
@@ -46,6 +46,11 @@ class GracefulStop(Callback):
         self._since_check = 0
 
     def on_fit_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        if _run_checkpoint(trainer) is None:
+            raise ConfigError(
+                "GracefulStop saves last.ckpt through the run's checkpoint callback, and trainer.callbacks has none: "
+                "add project.callbacks.RunCheckpoint (configs/default.yaml lists it), or remove GracefulStop."
+            )
         self._received = None
         self._since_check = 0
         if threading.current_thread() is not threading.main_thread():
@@ -86,8 +91,8 @@ class GracefulStop(Callback):
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
     ) -> None:
         self._since_check += 1
-        if batch_idx + 1 >= trainer.num_training_batches:
-            return  # on an epoch's last batch, wait for the next epoch's first (see StepCheckpoint)
+        if not RunCheckpoint.resumable_after(trainer, batch_idx):
+            return  # on an epoch's last batch, wait for the next epoch's first
         if trainer.world_size > 1 and self._since_check < self.check_every_n_steps:
             return  # every rank counts the same batches: they all reach the next check together
         self._since_check = 0
@@ -95,8 +100,7 @@ class GracefulStop(Callback):
         if not signum:
             return
         self._received = None
-        path = last_checkpoint_path(trainer)
-        trainer.save_checkpoint(path)  # collective under DDP: every rank is here at this step
+        path = _run_checkpoint(trainer).write_last(trainer)  # collective under DDP: every rank is here at this step
         if trainer.is_global_zero:
             print(
                 f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).",
@@ -137,10 +141,6 @@ class GracefulStop(Callback):
         self._previous = {}
 
 
-def last_checkpoint_path(trainer: "L.Trainer") -> str:
-    """Where `--ckpt_path last` looks: the first ModelCheckpoint's last.ckpt, else <run dir>/checkpoints."""
-    ckpt = next(
-        (c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath), None
-    )
-    folder = Path(ckpt.dirpath) if ckpt else Path(trainer.default_root_dir) / "checkpoints"
-    return str(folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}")
+
+def _run_checkpoint(trainer: "L.Trainer") -> RunCheckpoint | None:
+    return next((c for c in trainer.checkpoint_callbacks if isinstance(c, RunCheckpoint)), None)
