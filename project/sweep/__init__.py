@@ -70,6 +70,7 @@ def parser() -> argparse.ArgumentParser:
         "--report", action="store_true", help="only write the results (table, best.yaml, report.png)"
     )
     p.add_argument("--no_report", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--checked", action="store_true", help=argparse.SUPPRESS)  # workers of a checked sweep
     return p
 
 
@@ -132,7 +133,7 @@ def run(argv: list[str]) -> int:
 
     from project.sweep.report import write_report
     from project.sweep.space import load_space
-    from project.sweep.storage import default_storage, open_storage
+    from project.sweep.storage import default_storage
     from project.sweep.worker import Sweep, run_worker
 
     args, rest = parser().parse_known_args(argv)
@@ -143,7 +144,6 @@ def run(argv: list[str]) -> int:
         if not Path(config).is_file():
             raise ConfigError(f"Base config '{config}' not found; pass an existing file with --config.")
     sweep_dir = Path(args.dir or SWEEPS_DIR / space.name)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     storage_url = args.storage or default_storage(sweep_dir)
     study_name = args.study or space.name
     monitor, mode = monitor_of(configs)
@@ -154,30 +154,52 @@ def run(argv: list[str]) -> int:
             f"The sweep file sets metric '{space.metric}' without a direction: add direction: "
             "minimize or maximize."
         )
-    storage = open_storage(storage_url)
+    threads = os.environ.get("OMP_NUM_THREADS") or (
+        str(max(1, (os.cpu_count() or 1) // args.workers)) if args.workers > 1 else None
+    )
+    # Bad input stops here, before the storage is opened: a new sweep creates nothing, an existing one is untouched.
     if args.report:
-        try:
-            study = optuna.load_study(study_name=study_name, storage=storage)
-        except KeyError as err:
+        study = existing_study(storage_url, sweep_dir, study_name)
+        if study is None:
             raise ConfigError(
                 f"No study '{study_name}' in {storage_url}: run the sweep first, or pass the --space, --dir "
                 "(or --storage) and --study it ran with."
-            ) from err
+            )
+        check_study(study, storage_url, metric, direction)
+        if study.user_attrs.get(METRIC_ATTR) != metric:  # a study from before the metric was recorded
+            check_inputs(args.space, space, configs, flags, metric, monitor, threads, keys=False)
         write_report(study, sweep_dir, configs, metric)
         return 0
+    if not args.checked:  # --workers N: the parent checked once for its N workers
+        check_inputs(args.space, space, configs, flags, metric, monitor, threads, keys=True)
+    study = existing_study(storage_url, sweep_dir, study_name)
+    if study is not None:
+        check_study(study, storage_url, metric, direction)
+
+    from project.sweep.storage import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.INFO)
-    study = create_study(study_name, storage, direction, space, configs)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    storage = open_storage(storage_url)
+    study = create_study(study_name, storage, direction, space, configs, metric)
     space_copy = sweep_dir / "space.yaml"
     if not space_copy.exists() or space_copy.read_text() != Path(args.space).read_text():
         write_text_atomic(space_copy, Path(args.space).read_text())
     n_trials = args.n_trials or space.n_trials
-    threads = os.environ.get("OMP_NUM_THREADS") or (
-        str(max(1, (os.cpu_count() or 1) // args.workers)) if args.workers > 1 else None
-    )
     if args.workers > 1:
         code = run_workers(argv, args.workers, threads)
     else:
+        # --max_failed counts the failures of this command: earlier runs' failures (a key since corrected, a range
+        # since narrowed) must not stop the sweep that resumes or extends them before it runs anything.
+        failed_before = sum(
+            t.state == optuna.trial.TrialState.FAIL and "error" in t.user_attrs
+            for t in study.get_trials(deepcopy=False)
+        )
+        if failed_before:
+            print(
+                f"{failed_before} failed trial(s) from earlier runs do not count towards --max_failed.",
+                flush=True,
+            )
         sweep = Sweep(
             space=space,
             space_copy=space_copy.resolve(),
@@ -190,7 +212,7 @@ def run(argv: list[str]) -> int:
             monitor=monitor,
             direction=direction,
             n_trials=n_trials,
-            max_failed=args.max_failed or n_trials,
+            max_failed=(args.max_failed or n_trials) + failed_before,
             threads=threads,
         )
         study = optuna.load_study(
@@ -210,24 +232,75 @@ def run(argv: list[str]) -> int:
     return code
 
 
+def check_inputs(space_path, space, configs, flags, metric, monitor, threads, keys: bool) -> None:
+    """The sweep's keys and values against the training CLI (keys=True), and its metric against what a trial
+    of this config reports (project/sweep/check.py); a ConfigError names every problem and its fix."""
+    import time
+
+    from project.sweep.check import check_keys, check_metric, reported_metrics
+
+    start = time.monotonic()
+    where = f"sweep {space_path}"
+    values = check_keys(configs, space, flags, where) if keys else {}
+    names, writes_csv, _ = reported_metrics(configs, {**space.fixed, **flags, **values}, threads)
+    check_metric(metric, monitor, names, writes_csv, where)
+    print(
+        f"Checked in {time.monotonic() - start:.0f} s: the training CLI accepts every key and value of the sweep; "
+        f"a trial reports {metric} after each validation.",
+        flush=True,
+    )
+
+
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def create_study(name: str, storage, direction: str, space, configs: list[str]):
-    """Create or load the study; the first time, enqueue the base config's own values as trial 0 (the best trial
-    is then never worse than the base config when trials are deterministic)."""
+METRIC_ATTR = "metric"  # the study's user attribute: the metric its trial values are
+
+
+def existing_study(storage_url: str, sweep_dir: Path, name: str):
+    """The study if it exists, else None; a default SQLite file that is not there is not created."""
     import optuna
 
-    from project.sweep.space import base_values
+    from project.sweep.storage import default_storage, open_storage
 
-    study = optuna.create_study(study_name=name, storage=storage, direction=direction, load_if_exists=True)
+    if storage_url == default_storage(sweep_dir) and not (Path(sweep_dir) / "study.db").exists():
+        return None
+    try:
+        return optuna.load_study(study_name=name, storage=open_storage(storage_url, heartbeat=False))
+    except KeyError:
+        return None
+
+
+def check_study(study, storage_url: str, metric: str, direction: str) -> None:
+    """An existing study's trial values are one metric in one direction: another would mix them (best.yaml and
+    report.png would name the new metric for the old values)."""
+    had = study.user_attrs.get(METRIC_ATTR)
+    had_direction = study.direction.name.lower()
+    if had_direction != direction or (had is not None and had != metric):
+        raise ConfigError(
+            f"Study '{study.study_name}' in {storage_url} ranks its trials by {had or 'its metric'} "
+            f"({had_direction}), not {metric} ({direction}): its values and best.yaml would mix the two. Use "
+            "another --dir/--study for another metric, or the study's own metric and direction in the sweep "
+            "file. Nothing was changed."
+        )
+
+
+def create_study(name: str, storage, direction: str, space, configs: list[str], metric: str | None = None):
+    """Create or load the study; the first time, enqueue the base config's own values as trial 0 (the best trial
+    is then never worse than the base config when trials are deterministic). `metric` is recorded in the study."""
+    from project.sweep.space import base_values
+    from project.sweep.storage import create_or_load
+
+    study, created = create_or_load(name, storage, direction)
     if study.direction.name.lower() != direction:
         raise ConfigError(
             f"Study '{name}' exists with direction {study.direction.name.lower()}, not {direction}: "
             "use another --dir/--study, or the same metric and direction as before."
         )
-    if space.enqueue_base and not study.get_trials(deepcopy=False):
+    if metric is not None and study.user_attrs.get(METRIC_ATTR) is None:
+        study.set_user_attr(METRIC_ATTR, metric)
+    if created and space.enqueue_base:
         values = base_values(space, configs)
         if values:
             study.enqueue_trial(values, user_attrs={"base_config": True})
@@ -251,7 +324,7 @@ def run_workers(argv: list[str], workers: int, threads: str | None) -> int:
     print(f"{workers} workers, OMP_NUM_THREADS={threads or 'unset'} in each trial", flush=True)
     processes = [
         subprocess.Popen(
-            [*base, "--no_report", "--workers", "1", "--worker_index", str(k)],
+            [*base, "--no_report", "--checked", "--workers", "1", "--worker_index", str(k)],
             env=env,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )

@@ -2,8 +2,10 @@
 
 The PNG is drawn here with matplotlib (history + importances side by side in one figure): Optuna's
 `optuna.visualization.matplotlib.plot_*` functions each draw their own figure and are marked experimental, and
-the plotly versions need plotly and a browser or kaleido to become a PNG. The importances are Optuna's
-(`optuna.importance.get_param_importances`, its default PED-ANOVA evaluator).
+the plotly versions need plotly and a browser or kaleido to become a PNG. The history shows pruned trials too (at
+their last reported value) and clips its y axis when a few trials lie far from the rest (saying so in its title).
+The importances are Optuna's (`optuna.importance.get_param_importances` with its default evaluator,
+PedAnovaImportanceEvaluator, named in the panel's title).
 """
 
 import csv
@@ -132,27 +134,101 @@ def rerun_command(best_path: Path, configs: list[str]) -> str:
 
 
 def plot(study: optuna.Study, path: Path, metric: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(study, metric)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# Optuna's default importance evaluator (get_param_importances without one), named here so the panel can say which
+# method ranked the parameters.
+IMPORTANCE_EVALUATOR = optuna.importance.PedAnovaImportanceEvaluator
+
+
+def last_value(trial) -> float | None:
+    """A complete trial's value; a pruned trial's last reported value (the epoch it was stopped at)."""
+    if trial.state == TrialState.COMPLETE:
+        return trial.value
+    if trial.intermediate_values:
+        return trial.intermediate_values[max(trial.intermediate_values)]
+    return None
+
+
+def axis_limits(values: list[float]) -> tuple[float, float] | None:
+    """y limits that keep the bulk of the values readable: None when no value lies beyond 3 interquartile ranges
+    of the quartiles (a diverged or barely trained trial would otherwise squash every other point into a line)."""
+    import numpy as np
+
+    if len(values) < 4:
+        return None
+    q1, q3 = np.percentile(values, [25, 75])
+    spread = (q3 - q1) or (abs(float(np.median(values))) * 0.1) or 1e-12
+    inside = [v for v in values if q1 - 3 * spread <= v <= q3 + 3 * spread]
+    if len(inside) == len(values):
+        return None
+    pad = 0.08 * ((max(inside) - min(inside)) or spread)
+    return min(inside) - pad, max(inside) + pad
+
+
+def figure(study: optuna.Study, metric: str):
+    """History (complete trials, pruned ones at their last reported value, the best so far) and importances."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
-    figure, (history, importance) = plt.subplots(1, 2, figsize=(12, 4.5))
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED and last_value(t) is not None]
+    fig, (history, importance) = plt.subplots(1, 2, figsize=(12, 4.5))
     numbers = [t.number for t in complete]
     values = [t.value for t in complete]
-    history.scatter(numbers, values, s=18, label="trial")
+    history.scatter(numbers, values, s=18, label="complete")
+    if pruned:
+        history.scatter(
+            [t.number for t in pruned],
+            [last_value(t) for t in pruned],
+            s=22,
+            marker="x",
+            color="C7",
+            label="pruned (last reported value)",
+        )
     better = min if study.direction == optuna.study.StudyDirection.MINIMIZE else max
     running = [better(values[: i + 1]) for i in range(len(values))]
     history.step(numbers, running, where="post", color="C1", label="best so far")
-    history.set(title="Optimisation history", xlabel="trial", ylabel=metric)
-    history.legend()
+    title = "Optimisation history"
+    shown = [*values, *(last_value(t) for t in pruned)]
+    limits = axis_limits(shown)
+    if limits is not None:
+        low, high = limits
+        off = [(t.number, v) for t, v in zip([*complete, *pruned], shown) if not low <= v <= high]
+        # the trials beyond the axis stay visible: drawn at its edge, pointing the way they went
+        for edge, marker, side in (
+            (high, "^", [p for p in off if p[1] > high]),
+            (low, "v", [p for p in off if p[1] < low]),
+        ):
+            if side:
+                history.scatter(
+                    [n for n, _ in side],
+                    [edge] * len(side),
+                    marker=marker,
+                    color="C3",
+                    s=30,
+                    clip_on=False,
+                    label=f"off the scale ({', '.join(f'{v:.3g}' for _, v in side[:3])}{', ...' if len(side) > 3 else ''})",
+                )
+        history.set_ylim(low, high)
+        title += f"\ny axis clipped: {len(off)} trial(s) beyond it, drawn at its edge"
+    history.set(title=title, xlabel="trial", ylabel=metric)
+    history.legend(fontsize="small")
     history.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    evaluator = IMPORTANCE_EVALUATOR()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            scores = optuna.importance.get_param_importances(study)
+            scores = optuna.importance.get_param_importances(study, evaluator=evaluator)
         # Optuna's evaluator warns and returns equal importances when it has too few trials: say so instead
         too_few = [w for w in caught if "too small" in str(w.message)]
         if too_few:
@@ -165,7 +241,8 @@ def plot(study: optuna.Study, path: Path, metric: str) -> None:
     if scores:
         names = list(scores)[::-1]
         importance.barh([n.rsplit(".init_args.", 1)[-1] for n in names], [scores[n] for n in names])
-    importance.set(title="Parameter importances", xlabel="importance")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    importance.set(
+        title=f"Parameter importances ({type(evaluator).__name__})", xlabel="importance (complete trials)"
+    )
+    fig.tight_layout()
+    return fig

@@ -76,52 +76,126 @@ def instantiate(spec: dict, what: str):
 
 
 def load_space(path: str | Path) -> SweepSpace:
+    """Parse and check a sweep file: every problem found is named in one ConfigError paragraph, with its fix."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
             f"Sweep file '{path}' not found. Pass one with --space, e.g. configs/sweep/digits.yaml."
         )
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a sweep file is a mapping with the keys {', '.join(TOP_KEYS)}.")
+    problems = []
     unknown = set(raw) - set(TOP_KEYS)
     if unknown:
-        raise ConfigError(
-            f"{path}: unknown key(s) {sorted(unknown)}; a sweep file has {', '.join(TOP_KEYS)}."
-        )
+        problems.append(f"unknown key(s) {sorted(unknown)}; a sweep file has {', '.join(TOP_KEYS)}")
     params = raw.get("params") or {}
-    if not params:
-        raise ConfigError(
-            f"{path}: `params` is empty; add at least one dotted key with a range, e.g. "
+    fixed = raw.get("fixed") or {}
+    if not isinstance(params, dict) or not params:
+        problems.append(
+            "`params` is empty; add at least one dotted key with a range, e.g. "
             "model.init_args.optimizer.init_args.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}"
         )
-    for key, spec in params.items():
-        check_param(path, key, spec)
+        params = {}
+    if not isinstance(fixed, dict):
+        problems.append("`fixed` must map dotted keys to values, e.g. trainer.max_epochs: 5")
+        fixed = {}
+    problems += [p for key, spec in params.items() for p in param_problems(key, spec)]
+    problems += [
+        f"'{key}' is both searched (params) and fixed: keep it in one of them"
+        for key in set(params) & set(fixed)
+    ]
     direction = raw.get("direction")
     if direction not in (None, "minimize", "maximize"):
-        raise ConfigError(
-            f"{path}: direction '{direction}' must be minimize, maximize or null (the monitor's mode)."
-        )
-    return SweepSpace(
+        problems.append(f"direction '{direction}' must be minimize, maximize or null (the monitor's mode)")
+    n_trials = raw.get("n_trials")
+    if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1):
+        problems.append(f"n_trials {n_trials!r} must be a whole number of at least 1")
+    if raw.get("metric") is not None and not isinstance(raw.get("metric"), str):
+        problems.append(f"metric {raw.get('metric')!r} must be a logged metric's name, e.g. val/loss")
+    space = SweepSpace(
         name=str(raw.get("name") or path.stem),
-        n_trials=int(raw.get("n_trials") or 20),
+        n_trials=n_trials
+        if isinstance(n_trials, int) and not isinstance(n_trials, bool) and n_trials > 0
+        else 20,
         params=params,
-        fixed=dict(raw.get("fixed") or {}),
+        fixed=dict(fixed),
         metric=raw.get("metric"),
         direction=direction,
         enqueue_base=bool(raw.get("enqueue_base", True)),
         sampler=raw.get("sampler"),
         pruner=raw.get("pruner"),
     )
+    if not problems:
+        for build in (space.build_sampler, space.build_pruner):
+            try:
+                build()
+            except ConfigError as err:
+                problems.append(str(err).rstrip("."))
+        try:
+            nest({**space.fixed, **space.params})
+        except ConfigError as err:
+            problems.append(str(err).rstrip("."))
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems) + ". Nothing was run.")
+    return space
 
 
-def check_param(path: Path, key: str, spec: Any) -> None:
-    example = "{type: float, low: 1.0e-4, high: 1.0e-2, log: true} or {type: categorical, choices: [32, 64]}"
+EXAMPLE = "{type: float, low: 1.0e-4, high: 1.0e-2, log: true} or {type: categorical, choices: [32, 64]}"
+SPEC_KEYS = {"float": {"type", "low", "high", "log", "step"}, "int": {"type", "low", "high", "log", "step"}}
+SPEC_KEYS["categorical"] = {"type", "choices"}
+
+
+def param_problems(key: str, spec: Any) -> list[str]:
+    """What is wrong with one parameter's range (Optuna would refuse it in every trial, or sample nonsense)."""
+    name = f"parameter '{key}'"
     if not isinstance(spec, dict) or spec.get("type") not in KINDS:
-        raise ConfigError(f"{path}: parameter '{key}' needs a type ({', '.join(KINDS)}), e.g. {example}.")
-    if spec["type"] == "categorical":
-        if not spec.get("choices"):
-            raise ConfigError(f"{path}: categorical parameter '{key}' needs a non-empty `choices` list.")
-    elif "low" not in spec or "high" not in spec or spec["low"] > spec["high"]:
-        raise ConfigError(f"{path}: parameter '{key}' needs low <= high, e.g. {example}.")
+        got = spec.get("type") if isinstance(spec, dict) else spec
+        return [f"{name} has type {got!r}; it needs a type ({', '.join(KINDS)}), e.g. {EXAMPLE}"]
+    kind = spec["type"]
+    unknown = set(spec) - SPEC_KEYS[kind]
+    if unknown:
+        return [
+            f"{name} ({kind}) has unknown field(s) {sorted(unknown)}; it takes {', '.join(sorted(SPEC_KEYS[kind]))}"
+        ]
+    if kind == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return [f"categorical {name} needs a non-empty `choices` list, e.g. choices: [32, 64]"]
+        odd = [c for c in choices if c is not None and not isinstance(c, (bool, int, float, str))]
+        if odd:
+            return [
+                f"categorical {name} has choice(s) {odd} that are not a number, string, bool or null (Optuna "
+                "stores only those): put a class path string, or move the mapping to a config overlay"
+            ]
+        return []
+    low, high = spec.get("low"), spec.get("high")
+    number = (int,) if kind == "int" else (int, float)
+    for side, value in (("low", low), ("high", high)):
+        if isinstance(value, bool) or not isinstance(value, number):
+            hint = " (YAML reads 1e-3 as a string: write 1.0e-3)" if isinstance(value, str) else ""
+            return [f"{kind} {name} needs a numeric `{side}`, got {value!r}{hint}, e.g. {EXAMPLE}"]
+    if low >= high:
+        return [
+            f"{name} has low {low} >= high {high}: give low < high (a single value belongs under `fixed:`)"
+        ]
+    log, step = spec.get("log", False), spec.get("step")
+    if log not in (True, False):
+        return [f"{name} has log {log!r}; log is true or false"]
+    if log and low <= 0:
+        return [
+            f"{name} has log: true with low {low}: a log scale needs low > 0 (e.g. low: {high / 1000:g}), "
+            "or set log: false"
+        ]
+    if step is not None:
+        if log:
+            return [f"{name} has both log: true and a step; Optuna takes one of them: drop `step` or `log`"]
+        if isinstance(step, bool) or not isinstance(step, number) or step <= 0:
+            return [f"{name} has step {step!r}; a step is a positive {kind}"]
+    return []
 
 
 def nest(dotted: dict[str, Any]) -> dict:
