@@ -1,8 +1,15 @@
-"""project/console.py: Lightning's advertising tips are dropped, its other messages still print."""
+"""What a run prints: Lightning's advertising tips are dropped (project/console.py), and `make train` in a
+terminal leaves one bar per epoch with the whole run's time left, and the run directory on its last line."""
 
 import logging
+import re
+from pathlib import Path
+
+import pytest
 
 from project.console import drop_inapplicable_messages
+from tests.conftest import Launch, launch, make_argv, user_checkout
+from tests.test_readme import FEW_BATCHES, ONE_EPOCH, readme_command
 
 
 def test_tips_are_dropped_and_other_lightning_info_kept():
@@ -28,3 +35,113 @@ def test_tips_are_dropped_and_other_lightning_info_kept():
         parent.setLevel(level)
     assert printed == ["GPU available: False, used: False"]
     assert sum(type(f).__name__ == "_DropTips" for f in handler.filters) == 1
+
+
+# -- What `make train` leaves on a terminal ------------------------------------------------------------------------
+# The README's commands in a pseudo-terminal (120 x 40), as typed; only epochs and batches shrink. The screen is
+# what the terminal shows at the end: Rich redraws its live bar in place (carriage returns, cursor-up, erase-line),
+# so the raw bytes hold every frame and only replaying them tells what stays on screen.
+
+TERMINAL = {"TERM": "xterm-256color", "OMP_NUM_THREADS": "1"}
+CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\x1b\][^\x07]*\x07|\r|\n|[^\x1b\r\n]")
+
+
+def screen(raw: str, width: int = 120) -> list[str]:
+    """The lines a terminal of `width` columns shows after receiving `raw` (scrollback included), right-stripped."""
+    rows: list[list[str]] = [[]]
+    row = col = 0
+    for match in CSI.finditer(raw):
+        text, (params, command) = match.group(0), match.groups()
+        if command == "A":  # cursor up
+            row = max(row - int(params or 1), 0)
+        elif command == "K":  # erase in line: 2 = all of it, else from the cursor on
+            rows[row][:] = [] if params == "2" else rows[row][:col]
+        elif command or text.startswith("\x1b"):  # colours, cursor visibility, links: nothing drawn
+            continue
+        elif text == "\r":
+            col = 0
+        elif text == "\n":
+            row, col = row + 1, 0
+        else:
+            if col >= width:  # the terminal wraps a line longer than the screen
+                row, col = row + 1, 0
+            while len(rows) <= row:
+                rows.append([])
+            line = rows[row]
+            line.extend(" " * (col - len(line)))
+            line[col : col + 1] = [text]
+            col += 1
+        while len(rows) <= row:
+            rows.append([])
+    return [line for line in ("".join(r).rstrip() for r in rows) if line]
+
+
+def terminal_run(
+    tmp_path: Path, command: str, *args: str, env: dict | None = None
+) -> tuple[Launch, list[str]]:
+    """`command`, a documented `make` line, with `args` added to its ARGS, in a terminal: the launch and screen."""
+    checkout = user_checkout(tmp_path)
+    result = launch(make_argv(command, *args), checkout, env={**TERMINAL, **(env or {})}, terminal=True)
+    assert result.returncode == 0 and len(result.runs()) == 1, result
+    return result, screen(result.raw)
+
+
+@pytest.fixture(scope="module")
+def make_train(tmp_path_factory) -> tuple[Launch, list[str]]:
+    """`make train ARGS="--trainer.max_epochs 2"` in a terminal: the launch and its final screen."""
+    return terminal_run(
+        tmp_path_factory.mktemp("terminal"), readme_command("make train"), "--trainer.max_epochs 2"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_last_epoch_bar_is_on_screen_once(make_train):
+    # Lightning logs "`Trainer.fit` stopped: ..." while the last epoch's bar is live; written past Rich, it left
+    # the bar's first line on screen and the bar was drawn again below it.
+    result, lines = make_train
+    bars = [line for line in lines if line.startswith("Epoch 1/1")]
+    assert len(bars) == 1, "\n".join(lines)
+    assert re.search(r" 20/20 ", bars[0]), bars
+    stopped = [i for i, line in enumerate(lines) if "`Trainer.fit` stopped: `max_epochs=2` reached." in line]
+    assert len(stopped) == 1 and lines.index(bars[0]) > stopped[0], "\n".join(lines)  # printed above the bar
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bar_shows_the_time_left_for_the_whole_run(make_train):
+    result, lines = make_train
+    bar = [line for line in lines if line.startswith("Epoch 1/1")][-1]
+    assert re.search(r"\brun ETA 0:00:00\b", bar), bar  # fit has ended: nothing left
+    frames = re.findall(r"Epoch 0/1 .*?run ETA (\d+:\d\d:\d\d)", result.stdout)  # every redraw of epoch 0
+    assert frames, result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_wandb_offline_run_directory_is_still_the_last_line(tmp_path):
+    # W&B offline without a key; its service and settings kept under tmp_path, and it could not reach a server.
+    env = {"WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": str(tmp_path / "no-netrc")}
+    env |= {
+        var: str(tmp_path / "wandb-home") for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR")
+    }
+    env |= {"WANDB_BASE_URL": "http://127.0.0.1:9"}
+    # The W&B recipe's command (docs/recipes.md, "Loggers").
+    result, lines = terminal_run(
+        tmp_path / "checkout",
+        'make train ARGS="--config configs/logger/wandb.yaml"',
+        *ONE_EPOCH,
+        *FEW_BATCHES,
+        env=env,
+    )
+    (run,) = result.runs()
+    assert lines[-1] == f"Run directory: runs/{run.name}", "\n".join(lines[-20:])
+    # W&B's footer (its run history and the command that uploads the run) printed before the summary table.
+    sync = [
+        i
+        for i, line in enumerate(lines)
+        if re.search(rf"wandb sync \S*runs/{run.name}/wandb/offline-run-", line)
+    ]
+    table = max(i for i, line in enumerate(lines) if "Run summary" in line)
+    assert sync and sync[-1] < table, "\n".join(lines[-40:])
+    assert len([line for line in lines if line.startswith("Epoch 0/0")]) == 1, "\n".join(lines)
