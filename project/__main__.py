@@ -43,6 +43,9 @@ def main(args: list[str] | None = None) -> None:
         # Importing the training stack takes seconds in which nothing else would be printed (rank 0 only: the
         # other DDP ranks stay quiet)
         print("Loading torch and Lightning...", file=sys.stderr, flush=True)
+        from project.versions import warn_outside_pins
+
+        warn_outside_pins()
     from project.cli import main as train_main  # fit, validate, test (and their --help-all)
 
     train_main(args)

@@ -77,7 +77,7 @@ def preprocessing_of(checkpoint: dict, path: str | os.PathLike = "checkpoint") -
 
 
 def not_image_checkpoint(path: str | os.PathLike, dataset: str) -> str:
-    """The error of predict and export for a checkpoint trained on a DatasetDataModule (README "Any Dataset")."""
+    """The error of predict and export for a checkpoint trained on a DatasetDataModule (docs/data.md "Any Dataset")."""
     return (
         f"'{path}' was trained on {dataset} (a DatasetDataModule), not on images: `predict` and `export` take "
         "checkpoints of image classifiers only, as they turn image files into the model's input and know nothing of "

@@ -10,7 +10,6 @@ from typing import Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MeanMetric
@@ -19,6 +18,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from project.models.output_check import check_output_shape
 from project.optim import build_optimizer, clips_under_amp
 from project.schedule import WarmupCosine, start_schedules
+from project.versions import built_by_cli
 
 # A batch's inputs, as the data module's collate_fn makes them: an image batch (B, C, H, W), or for other data a
 # tensor, a tuple/list of model arguments or a dict of keyword arguments (project/data/dataset_module.py).
@@ -89,7 +89,7 @@ class ClassificationModule(L.LightningModule):
         # init_args), so load_from_checkpoint rebuilds them without repeating the config. Outside the CLI there
         # is no config to save for them, and pickling the objects themselves would make the checkpoint
         # unloadable with weights_only=True.
-        from_cli = _given_hyperparameters.get() is not None
+        from_cli = built_by_cli()
         self.save_hyperparameters(ignore=None if from_cli else ["model", "optimizer", "scheduler"])
         self.model = model
         self.optimizer = optimizer

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 
 PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dataset sizes, default runs
-    # The full profile's repeats, from its own noise (README "Performance", 2026-12-01, load ~1): epoch-pair
+    # The full profile's repeats, from its own noise (docs/performance.md "Performance", 2026-12-01, load ~1): epoch-pair
     # ratios spread with an IQR of ~0.04 (sd ~0.03), so the median of n pairs has a standard error of ~0.04/sqrt(n).
     # The headline ratios keep 5 runs (20 pairs: ~0.009); options, compile and the other batch sizes take 3
     # (12 pairs: ~0.011), enough for effects of a few percent (the options measured so far: x0.16-x0.94, or

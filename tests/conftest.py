@@ -32,6 +32,25 @@ from project.__main__ import main  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
+# The documentation: README.md (what to edit and run) and the pages it links in docs/ (the details). Tests that hold
+# the text to what the code does (commands, claims, sections) read all of it.
+DOC_PAGES = (
+    "README.md",
+    "docs/data.md",
+    "docs/accuracy.md",
+    "docs/multi-process.md",
+    "docs/resume.md",
+    "docs/performance.md",
+    "docs/sweeps.md",
+    "docs/recipes.md",
+)
+
+
+def documentation() -> str:
+    """README.md and its docs/ pages, one text (each section heading appears once in it)."""
+    return "\n\n".join((REPO / page).read_text() for page in DOC_PAGES)
+
+
 # Fast, quiet training flags for end-to-end tests.
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 

@@ -1,4 +1,4 @@
-"""README "Any Dataset": any map-style Dataset and its collate_fn by class_path (project/data/dataset_module.py), on
+"""docs/data.md "Any Dataset": any map-style Dataset and its collate_fn by class_path (project/data/dataset_module.py), on
 the worked example: the digits as variable-length pixel sequences, a GRU (configs/sequence.yaml).
 
 One README command as a process (`make train CONFIG=configs/sequence.yaml`, shortened: train, test, report,
@@ -23,11 +23,21 @@ from project.data.dataset_module import DatasetDataModule
 from project.data.rank_shard import RankShard
 from project.data.sequences import DigitPixelSequences, pad_collate
 from project.errors import ConfigError
-from tests.conftest import CONFIGS, QUIET, REPO, launch, make_argv, read_summary, run_cli, user_checkout
+from tests.conftest import (
+    CONFIGS,
+    QUIET,
+    REPO,
+    documentation,
+    launch,
+    make_argv,
+    read_summary,
+    run_cli,
+    user_checkout,
+)
 from tests.ddp_processes import TEST_DEADLINE_S, env_for_children, finish, start
 from tests.test_resume import add, weights
 
-README = (REPO / "README.md").read_text()
+README = documentation()  # the "Any Dataset" section is in docs/data.md
 TRAIN = "make train CONFIG=configs/sequence.yaml"
 EVALUATE = (
     "python -m project test --config configs/sequence.yaml --ckpt_path runs/<run>/checkpoints/last.ckpt"
@@ -36,7 +46,7 @@ EVALUATE = (
 EPOCHS = 3
 STEPS_PER_EPOCH = 20  # 1,293 training sequences (80% then 90% of 1,797, stratified) // batch 64, drop_last
 # Test accuracy after 3 epochs on seeds 0/1/2: 0.5278/0.5889/0.6139 (2026-12-01, AMD EPYC, 2 cores; 15 epochs reach
-# 0.96-0.98, README "Any Dataset"). The bar, 0.3, is three times chance (10 classes) and well below every seed
+# 0.96-0.98, docs/data.md "Any Dataset"). The bar, 0.3, is three times chance (10 classes) and well below every seed
 # measured: it fails when the pipeline is broken (labels shuffled against their inputs, sequences cut or emptied),
 # not when another CPU's kernels move a few test sequences.
 MIN_ACC_3_EPOCHS = 0.3

@@ -1,4 +1,4 @@
-"""README claims are enforced: every `<!-- claim: id -->` in README.md has a test marked
+"""Documentation claims are enforced: every `<!-- claim: id -->` in README.md or its docs/ pages has a test marked
 `@pytest.mark.claim("id")`, every id a test names is in the README, and every planted bug in
 scripts/mutants/*.patch still applies and names README claims (`make mutants` runs them).
 
@@ -10,6 +10,8 @@ import importlib.util
 import re
 import subprocess
 from pathlib import Path
+
+from tests.conftest import documentation
 
 REPO = Path(__file__).resolve().parent.parent
 ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -83,7 +85,7 @@ def scan_tests() -> tuple[dict[str, list[str]], list[str]]:
 
 
 def test_readme_claim_ids_are_well_formed_and_unique():
-    ids, malformed = readme_claims((REPO / "README.md").read_text())
+    ids, malformed = readme_claims(documentation())
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     assert not malformed, (
         f"README.md: malformed claim comments (use <!-- claim: lowercase-dashes -->): {malformed}"
@@ -93,7 +95,7 @@ def test_readme_claim_ids_are_well_formed_and_unique():
 
 
 def test_every_readme_claim_has_a_test():
-    ids, _ = readme_claims((REPO / "README.md").read_text())
+    ids, _ = readme_claims(documentation())
     found, _ = scan_tests()
     untested = [i for i in dict.fromkeys(ids) if i not in found]
     assert not untested, (
@@ -103,7 +105,7 @@ def test_every_readme_claim_has_a_test():
 
 
 def test_every_test_claim_is_in_the_readme(request):
-    ids = set(readme_claims((REPO / "README.md").read_text())[0])
+    ids = set(readme_claims(documentation())[0])
     found, problems = scan_tests()
     assert not problems, "\n".join(problems)
     unknown = {i: places for i, places in found.items() if i not in ids}
@@ -147,7 +149,7 @@ def test_e(): pass
 def test_every_mutant_applies_and_names_readme_claims():
     """`make mutants` needs every planted bug to apply to the current tree; one that rotted would fail there
     (or, worse, pass as killed for the wrong reason), so check here, where the tree changes."""
-    ids = set(readme_claims((REPO / "README.md").read_text())[0])
+    ids = set(readme_claims(documentation())[0])
     patches = sorted((REPO / "scripts/mutants").glob("*.patch"))
     assert patches, "scripts/mutants/ holds no mutants"
     problems = []

@@ -34,6 +34,7 @@ from tests.conftest import (
     REPO,
     FinishedRun,
     Launch,
+    documentation,
     launch,
     make_argv,
     user_checkout,
@@ -48,7 +49,7 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
 def readme_blocks(language: str) -> list[str]:
-    return [body for lang, body in FENCE.findall(README.read_text()) if lang == language]
+    return [body for lang, body in FENCE.findall(documentation()) if lang == language]
 
 
 def _without_comment(line: str) -> str:
@@ -107,7 +108,7 @@ COMMANDS = {
     "(configs/sequence.yaml + configs/ddp.yaml, 2 CPU processes) with the DDP probe callback",
     "python -m project test --config configs/sequence.yaml --ckpt_path runs/<run>/checkpoints/last.ckpt": "not run "
     "here: tests/test_any_dataset.py runs the same arguments in-process on its sequence run's checkpoint",
-    # README "Data that outgrows one machine": tests/test_streaming.py, against moto's S3 server on 127.0.0.1.
+    # docs/data.md "Data that outgrows one machine": tests/test_streaming.py, against moto's S3 server on 127.0.0.1.
     "make prepare SOURCE=imagefolder ROOT=/data/pets OUTPUT=/data/pets-stream IMAGE_SIZE=64": "not run here: "
     "tests/test_streaming.py runs the command it prints in-process on a folder it writes (re-runs included)",
     'make train ARGS="--data project.data.StreamingDataModule --data.init_args.input_dir /data/pets-stream"': "not "

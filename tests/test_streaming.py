@@ -1,4 +1,4 @@
-"""README "Data that outgrows one machine": make prepare and StreamingDataModule, in one process (DDP:
+"""docs/data.md "Data that outgrows one machine": make prepare and StreamingDataModule, in one process (DDP:
 tests/test_streaming_ddp.py).
 
 - The README's s3:// commands as typed (make prepare, then make train for one epoch) against moto's S3 server,

@@ -1,7 +1,7 @@
 """What every data module of this project shares; the modules differ only in where their samples come from.
 
 - `ClassificationData`: the class names (saved in every checkpoint and checked on resume), bad data failing in
-  `prepare_data` (before Lightning's loggers write the run directory: README "Bad input"), and the world size.
+  `prepare_data` (before Lightning's loggers write the run directory: docs/data.md "Bad input"), and the world size.
 - `ImageData`: image batches arrive as pixels at the training size (uint8, or float in [0, 1]) from any path (a
   tensor in memory, files or tensors through a DataLoader, prepared chunks) and are augmented (training only,
   project/data/augment.py) and normalised (project/data/normalize.py) here, a whole batch at a time on the

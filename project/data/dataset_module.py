@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.data.base import ClassificationData
@@ -26,6 +25,7 @@ from project.data.resumable_loader import ResumableDataLoader
 from project.data.splits import carve
 from project.data.validate import check_batch_size, check_labels, check_split_sizes
 from project.errors import ConfigError
+from project.versions import built_by_cli
 
 
 class DatasetDataModule(ClassificationData):
@@ -73,7 +73,7 @@ class DatasetDataModule(ClassificationData):
         super().__init__()
         # With LightningCLI the config is saved (the datasets as class_path + init_args); outside it, pickling the
         # datasets themselves into every checkpoint would make it unloadable with weights_only=True.
-        from_cli = _given_hyperparameters.get() is not None
+        from_cli = built_by_cli()
         self.save_hyperparameters(ignore=None if from_cli else ["train", "val", "test", "collate_fn"])
         if batch_size < 1:
             raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}.")

@@ -1,6 +1,6 @@
 """Image files -> uint8 (3, H, W) RGB tensors: the decoder of the ImageFolder path.
 
-Candidates measured by scripts/bench_decode.py (README "Point at your own data"): PIL, torchvision.io.decode_image
+Candidates measured by scripts/bench_decode.py (docs/data.md "Point at your own data"): PIL, torchvision.io.decode_image
 (libjpeg-turbo, straight into a tensor) and PIL with `Image.draft` (JPEG DCT-domain downscaling). DECODER names the
 one `load_image` uses: decode_image, the fastest (2.40 ms a 500x375 JPEG vs PIL's 3.07, AMD EPYC, 2026-12-01) and
 pixel for pixel PIL's on JPEG and PNG (tests/data/test_decode.py). draft() is kept for the bench: it may only

@@ -15,7 +15,7 @@ class SequenceClassifier(nn.Module):
         num_classes: size of the output layer; linked from the data module by the CLI.
         in_channels: features per step; linked from the data module (the dataset's `in_channels`) by the CLI.
         embed: width of the per-step Linear + ReLU before the GRU (0: the raw features go to the GRU). On the digit
-            pixel sequences (3 features a step) it took the test accuracy from 0.82 to 0.97 (README "Any Dataset").
+            pixel sequences (3 features a step) it took the test accuracy from 0.82 to 0.97 (docs/data.md "Any Dataset").
         hidden: GRU state size.
         num_layers: stacked GRU layers.
         dropout: dropout before the linear head (and between GRU layers when there are several).

@@ -64,7 +64,7 @@ class LeanHooks(Callback):
     has initialised CUDA already, so from here on the runtime's cached answer (the same one) is used:
     `runtime_cuda_check`.
 
-    What each costs and saves: `make bench` (option fast_cpu) and README "Performance". Lightning has no switch
+    What each costs and saves: `make bench` (option fast_cpu) and docs/performance.md "Performance". Lightning has no switch
     for this; its profilers only add to the cost. It acts on the callbacks present at setup; callbacks added to
     `trainer.callbacks` later keep every hook.
     """
