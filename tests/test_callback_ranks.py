@@ -18,7 +18,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from project.callbacks import GracefulStop, NonFiniteLossGuard
+from project.callbacks import GracefulStop, NonFiniteLossGuard, RunCheckpoint
 from project.callbacks.nonfinite_loss import NonFiniteLossError
 
 
@@ -40,13 +40,15 @@ class _Strategy:
 class _Trainer:
     world_size = 2
     num_training_batches = 20
-    default_root_dir = "run"
-    checkpoint_callbacks: list = []
+    global_step = 0
+    loggers: list = []
 
     def __init__(self, strategy: _Strategy, rank: int) -> None:
         self.strategy, self.is_global_zero, self.saved = strategy, rank == 0, []
+        # GracefulStop asks the run's checkpoint callback to write last.ckpt
+        self.checkpoint_callbacks = [RunCheckpoint(dirpath="run/checkpoints")]
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
         self.saved.append(path)
 
 
@@ -90,8 +92,9 @@ def test_every_rank_saves_and_exits_at_the_same_step(receivers, capsys):
     exits = _run_until_exit(ranks, trainers, 4, receivers, signal.SIGTERM)
     assert exits == [(143, 0, every - 1)] * 2
     assert strategy.calls == 2  # one all-reduce per rank in `every` batches, not one per batch
-    assert [t.saved for t in trainers] == [["run/checkpoints/last.ckpt"]] * 2
-    assert capsys.readouterr().err.count("Saved run/checkpoints/last.ckpt") == 1  # rank 0 alone prints
+    last = os.path.abspath("run/checkpoints/last.ckpt")  # ModelCheckpoint makes its dirpath absolute
+    assert [t.saved for t in trainers] == [[last]] * 2
+    assert capsys.readouterr().err.count(f"Saved {last}") == 1  # rank 0 alone prints
 
 
 @pytest.mark.claim("stop-signal-saves-and-exits")
@@ -196,13 +199,12 @@ def test_sigterm_is_ours_alone_once_training_runs(tmp_path):
     # Lightning's SIGTERM handler broadcasts from inside the signal handler under DDP (a hang on the rank that got
     # the signal alone), and in any run stops validation half-way, exit code 0, nothing saved.
     import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.demos.boring_classes import BoringModel
 
     trainer = L.Trainer(
         default_root_dir=tmp_path,
         accelerator="cpu",
-        callbacks=[GracefulStop(), ModelCheckpoint(dirpath=tmp_path / "checkpoints"), _SignalInValidation()],
+        callbacks=[GracefulStop(), RunCheckpoint(tmp_path / "checkpoints", monitor=None), _SignalInValidation()],
         max_epochs=2,
         limit_train_batches=3,
         limit_val_batches=2,
@@ -223,28 +225,19 @@ def test_sigterm_is_ours_alone_once_training_runs(tmp_path):
 
 @pytest.mark.claim("ddp-timed-save-no-per-step-collective")
 def test_timed_saves_compare_the_clock_every_ten_steps_under_ddp():
-    """StepCheckpoint's train_time_interval (configs/default.yaml: 30 min) under DDP: Lightning broadcasts rank 0's
+    """RunCheckpoint's train_time_interval (configs/default.yaml: 30 min) under DDP: Lightning broadcasts rank 0's
     decision at every step; here it does so every 10 steps, at the same steps on every rank, and one process (no
     collective) still reads the clock every step."""
     from datetime import timedelta
     from types import SimpleNamespace
 
-    from lightning.pytorch.trainer.states import TrainerFn
-
-    from project.callbacks import StepCheckpoint
-
     def broadcasts(world_size: int) -> list[int]:
         seen: list[int] = []
-        callback = StepCheckpoint(
-            save_top_k=0, save_last=True, every_n_epochs=0, train_time_interval=timedelta(minutes=30)
-        )
+        callback = RunCheckpoint(train_time_interval=timedelta(minutes=30))
         trainer = SimpleNamespace(
             world_size=world_size,
             num_training_batches=100,
             global_step=0,
-            fast_dev_run=False,
-            sanity_checking=False,
-            state=SimpleNamespace(fn=TrainerFn.FITTING),
             strategy=SimpleNamespace(broadcast=lambda obj: seen.append(trainer.global_step) or obj),
         )
         module = SimpleNamespace(automatic_optimization=True)

@@ -1,4 +1,4 @@
-"""The best checkpoint is the one of lowest `val/loss` (configs/default.yaml; README "Accuracy").
+"""The best checkpoint is the one of lowest `val/loss` (configs/default.yaml; docs/accuracy.md "Accuracy").
 
 The first test trains a scripted model whose validation metrics are fixed per epoch, with the checkpoint
 callbacks and RunSummary exactly as configs/default.yaml declares them, so each selection rule would pick a
@@ -61,7 +61,7 @@ class Scripted(L.LightningModule):
 
 
 def default_checkpoint_callbacks(dirpath: Path) -> list:
-    """Both ModelCheckpoints of configs/default.yaml, built from their class_path and init_args."""
+    """The checkpoint callbacks of configs/default.yaml (RunCheckpoint), built from their class_path and init_args."""
     built = []
     for entry in yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]["callbacks"]:
         module, _, name = entry["class_path"].rpartition(".")
@@ -89,9 +89,7 @@ def fit(root: Path, epochs: int, ckpt_path: str | None = None) -> tuple[L.Traine
 @pytest.mark.claim("best-checkpoint-min-val-loss", "summary-best-val-acc-of-selected")
 def test_the_config_selects_the_lowest_val_loss_and_the_summary_reports_that_epoch(tmp_path):
     trainer, summary = fit(tmp_path, epochs=5)
-    ckpt = (
-        trainer.checkpoint_callback
-    )  # the first ModelCheckpoint: the one after_fit tests and "best" resolves to
+    ckpt = trainer.checkpoint_callback  # the one after_fit tests and "best" resolves to
     assert Path(ckpt.best_model_path).name == f"best-epoch={PICKED:03d}.ckpt", ckpt.best_model_path
     acc, loss = SCRIPT[PICKED]
     assert summary["monitor"] == "val/loss" and summary["best_score"] == loss

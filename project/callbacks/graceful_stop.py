@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import threading
+
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -100,7 +101,8 @@ class GracefulStop(Callback):
         if not signum:
             return
         self._received = None
-        path = _run_checkpoint(trainer).write_last(trainer)  # collective under DDP: every rank is here at this step
+        # collective under DDP: every rank is here at this step
+        path = _run_checkpoint(trainer).write_last(trainer)
         if trainer.is_global_zero:
             print(
                 f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).",
@@ -139,7 +141,6 @@ class GracefulStop(Callback):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
-
 
 
 def _run_checkpoint(trainer: "L.Trainer") -> RunCheckpoint | None:

@@ -176,7 +176,9 @@ class RunCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             tmp = ""
             try:  # the temporary name is atomic_write's, so remove_stale clears one a kill left behind
-                fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=os.path.dirname(target))
+                fd, tmp = tempfile.mkstemp(
+                    prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=os.path.dirname(target)
+                )
                 os.close(fd)
                 os.unlink(tmp)  # only the unique name was wanted: os.link needs a free one
                 os.link(source, tmp)
