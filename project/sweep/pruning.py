@@ -1,8 +1,8 @@
 """TrialPruning: a sweep trial's process reports its epoch metric to the study and stops when the pruner says so.
 
 Each trial is its own `python -m project fit` process, so the Optuna `Trial` object lives in the sweep worker,
-not here. This callback rebuilds it from the study storage and the trial id (`optuna.trial.Trial(study,
-trial_id)`), then is optuna-integration's PyTorchLightningPruningCallback unchanged: `trial.report` after every
+not here. This callback rebuilds it from the study storage and the trial number (`optuna.trial.Trial(study,
+trial_id)`, the id from the storage's public lookup by study name and number), then is optuna-integration's PyTorchLightningPruningCallback unchanged: `trial.report` after every
 validation, `trial.should_prune()` with the sweep's pruner. The sweep adds it to the trial's config; a normal run
 never has it (best.yaml leaves it out).
 
@@ -26,19 +26,18 @@ DDP_PRUNED_KEY = "ddp_pl:pruned"  # optuna-integration's system attribute under 
 
 
 class TrialPruning(PyTorchLightningPruningCallback):
-    """Args: storage (URL, as the sweep's --storage), study_name, trial_id, monitor (the epoch metric), and
+    """Args: storage (URL, as the sweep's --storage), study_name, trial_number, monitor (the epoch metric), and
     space: the sweep file whose `pruner` decides (the sweep directory's copy)."""
 
-    def __init__(self, storage: str, study_name: str, trial_id: int, monitor: str, space: str) -> None:
+    def __init__(self, storage: str, study_name: str, trial_number: int, monitor: str, space: str) -> None:
         from project.sweep.space import load_space
         from project.sweep.storage import open_storage
 
-        study = optuna.load_study(
-            study_name=study_name,
-            storage=open_storage(storage, heartbeat=False),
-            pruner=load_space(space).build_pruner(),
-        )
-        super().__init__(optuna.trial.Trial(study, trial_id), monitor)
+        opened = open_storage(storage, heartbeat=False)
+        study = optuna.load_study(study_name=study_name, storage=opened, pruner=load_space(space).build_pruner())
+        study_id = opened.get_study_id_from_name(study_name)
+        self._trial_id = opened.get_trial_id_from_study_id_trial_number(study_id, trial_number)
+        super().__init__(optuna.trial.Trial(study, self._trial_id), monitor)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         value = trainer.callback_metrics.get(self.monitor)
@@ -58,7 +57,7 @@ class TrialPruning(PyTorchLightningPruningCallback):
             print(f"\n{pruned} The sweep marks it pruned.", flush=True)
             raise SystemExit(0) from None  # Lightning tears down on any BaseException, then the process ends
         if self.is_ddp_backend and trainer.should_stop and trainer.is_global_zero:
-            attrs = self._trial.storage.get_trial_system_attrs(self._trial._trial_id)
+            attrs = self._trial.storage.get_trial_system_attrs(self._trial_id)
             if attrs.get(DDP_PRUNED_KEY):
                 self._write(trainer, pl_module.current_epoch)
 

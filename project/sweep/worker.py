@@ -27,12 +27,11 @@ from pathlib import Path
 
 import optuna
 import yaml
-from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from project.sweep.space import SweepSpace, nest
-from project.sweep.storage import MAX_RETRY
+from project.sweep.storage import requeue_dead_trial
 
 TRIAL_CONFIG = "sweep_trial.yaml"
 PRUNED_FILE = "pruned.json"  # written by the trial process (project/sweep/pruning.py) when it is pruned
@@ -67,14 +66,14 @@ def trial_dir(sweep_dir: Path, number: int) -> Path:
     return Path(sweep_dir) / "trials" / f"{number:03d}"
 
 
-def trial_config(sweep: Sweep, params: dict, trial_id: int) -> dict:
+def trial_config(sweep: Sweep, params: dict, number: int) -> dict:
     overlay = nest({**sweep.fixed, **params})
     pruning = {
         "class_path": "project.sweep.pruning.TrialPruning",
         "init_args": {
             "storage": sweep.storage_url,
             "study_name": sweep.study_name,
-            "trial_id": trial_id,
+            "trial_number": number,
             "monitor": sweep.metric,
             "space": str(sweep.space_copy),
         },
@@ -111,15 +110,17 @@ def make_objective(sweep: Sweep, study: optuna.Study):
         params = sweep.space.sample(trial)
         run_dir = trial_dir(sweep.sweep_dir, trial.number)
         run_dir.mkdir(parents=True, exist_ok=True)
+        # The owner last, pid after host: recover_dead_trials judges a RUNNING trial by its host and pid, and a
+        # re-queued trial starts without either (project/sweep/storage.py: requeue_dead_trial).
         for key, value in (
             ("run_dir", str(run_dir)),
+            ("omp_num_threads", sweep.threads or os.environ.get("OMP_NUM_THREADS")),
             ("host", socket.gethostname()),
             ("pid", os.getpid()),
-            ("omp_num_threads", sweep.threads or os.environ.get("OMP_NUM_THREADS")),
         ):
             trial.set_user_attr(key, value)
         config = run_dir / TRIAL_CONFIG
-        config.write_text(yaml.safe_dump(trial_config(sweep, params, trial._trial_id), sort_keys=False))
+        config.write_text(yaml.safe_dump(trial_config(sweep, params, trial.number), sort_keys=False))
         (run_dir / PRUNED_FILE).unlink(missing_ok=True)
         print(f"Trial {trial.number}: {run_dir} ({TRIAL_LOG} there)", flush=True)
         with open(run_dir / TRIAL_LOG, "ab") as log:
@@ -136,7 +137,10 @@ def make_objective(sweep: Sweep, study: optuna.Study):
                 BaseException
             ):  # Ctrl+C / SIGTERM of the worker: stop the trial, run its values again later
                 stop_process(process)
-                study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
+                retry = {"retry_of": trial.number}
+                if trial.user_attrs.get("base_config"):
+                    retry["base_config"] = True  # still the base config's trial: retried without limit
+                study.enqueue_trial(params, user_attrs=retry)
                 raise
         return trial_result(sweep, trial, run_dir, code)
 
@@ -244,7 +248,7 @@ def _fail_and_requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial, host
         return  # a worker on another machine got there first
     failed = next(t for t in study.get_trials(deepcopy=True) if t.number == trial.number)
     study.set_user_attr(f"dead_worker_{trial.number}", f"pid {pid} on {host}")
-    RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(study, failed)
+    requeue_dead_trial(study, failed)
     print(
         f"Trial {trial.number}: its worker (pid {pid}) is gone; marked failed, parameters re-queued.",
         flush=True,

@@ -1,0 +1,347 @@
+"""project/sweep/storage.py and the worker's bookkeeping of trials (project/sweep/worker.py), without trial processes.
+
+Storages that cannot be opened, workers that start in the same instant, the base config's trial and dead workers'
+trials: each test drives the sweep's own functions (or `python -m project sweep` with the trial runner replaced
+by a stub), in seconds. The 3-worker test uses SQLite (the default storage and an `sqlite+pysqlite://` URL, which
+takes the path of any database server's URL) and the journal file; PostgreSQL needs a server and a driver that
+are not in the test environment.
+"""
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy
+import yaml
+from optuna.trial import TrialState
+
+import project
+from project.errors import ConfigError
+from project.sweep.storage import default_storage, open_storage
+from project.sweep.worker import Sweep, make_objective, recover_dead_trials
+
+LR = "model.init_args.optimizer.init_args.lr"
+ROOT = Path(project.__file__).resolve().parent.parent  # the checkout under test (children import it too)
+# The worker's storage has Optuna's heartbeat, which warns outside Study.optimize (the tests take trials by hand).
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+START_TIMEOUT = 120  # seconds for three worker processes to import and join on 2 shared cores; a hang fails
+
+
+def write_space(path: Path, **overrides) -> Path:
+    space = {
+        "name": "t",
+        "n_trials": 3,
+        "sampler": {"class_path": "optuna.samplers.RandomSampler", "init_args": {"seed": 0}},
+        "params": {LR: {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True}},
+        **overrides,
+    }
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("runs/sweeps/study.db", "Could not parse SQLAlchemy URL"),  # a path without sqlite:///
+        ("postgres://user:secret@db-host/optuna", "Can't load plugin"),  # SQLAlchemy spells it postgresql
+        ("sqlite:///{tmp}/missing/dir/study.db", "the folder {tmp}/missing/dir does not exist"),
+        ("sqlite:///{tmp}/file/study.db", "{tmp}/file is a file, not a folder"),
+        ("sqlite:///{tmp}", "unable to open database file"),  # a folder, not a database file
+        ("journal:{tmp}/missing/study.journal", "the folder {tmp}/missing does not exist"),
+        ("journal:{tmp}/file/study.journal", "{tmp}/file is a file, not a folder"),
+        ("postgresql://user:secret@db-host/optuna", "pip install 'psycopg[binary]'"),  # SQLAlchemy 2.1: psycopg 3
+        ("postgresql+psycopg2://user:secret@db-host/optuna", "pip install psycopg2-binary"),
+    ],
+)
+def test_storage_that_cannot_be_opened_is_one_paragraph(tmp_path, url, expected):
+    url, expected = url.format(tmp=tmp_path), expected.format(tmp=tmp_path)
+    driver = {"postgresql": "psycopg", "postgresql+psycopg2": "psycopg2"}.get(url.split("://")[0])
+    if driver and importlib.util.find_spec(driver):
+        pytest.skip(f"{driver} is installed here: the missing-driver message cannot show")
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ConfigError) as err:
+        open_storage(url)
+    message = str(err.value)
+    assert expected in message and "\n" not in message, message
+    assert "secret" not in message, message  # the password stays out of logs
+    assert not (tmp_path / "missing").exists()  # no folder made for a mistyped path
+
+
+def test_storage_error_exits_2_with_one_paragraph(tmp_path, capsys, monkeypatch):
+    """`python -m project sweep --storage <a folder that does not exist>`: exit code 2, one `error:` paragraph, and
+    no folder made (a lock file beside the database created the missing folders)."""
+    import project.sweep
+
+    # the dry run of a trial's config (seconds of training) is not what this test is about
+    monkeypatch.setattr(project.sweep, "check_inputs", lambda *args, **kwargs: None, raising=False)
+    url = f"sqlite:///{tmp_path}/missing/dir/study.db"
+    space = write_space(tmp_path / "t.yaml")
+    with pytest.raises(SystemExit) as exit_:
+        project.sweep.main(["--space", str(space), "--dir", str(tmp_path / "sweep"), "--storage", url])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2, err
+    assert err.startswith("error: ") and "\n" not in err and "does not exist" in err, err
+    assert not (tmp_path / "missing").exists()
+
+
+def test_unreachable_server_is_one_paragraph(monkeypatch):
+    """A server that refuses the connection: what the driver said, and what to check (no server is needed: the
+    driver's error is raised where RDBStorage connects)."""
+    from optuna.storages import RDBStorage
+
+    def refused(self, url, **kwargs):
+        raise sqlalchemy.exc.OperationalError("SELECT 1", {}, ConnectionRefusedError('port 5432 failed: refused'))
+
+    monkeypatch.setattr(RDBStorage, "__init__", refused)
+    with pytest.raises(ConfigError) as err:
+        open_storage("postgresql+psycopg://user:secret@db-host/optuna")
+    message = str(err.value)
+    assert "port 5432 failed: refused" in message and "database server runs" in message, message
+    assert "secret" not in message and "\n" not in message, message
+
+
+def test_schema_created_by_another_worker_meanwhile_is_loaded(tmp_path, monkeypatch):
+    """The interleaving of workers started together, forced: another worker creates the tables between this
+    worker's check for them and its CREATE TABLE (SQLite: "table ... already exists"; PostgreSQL: a duplicate
+    `CREATE TYPE studydirection`). The worker loads the schema that is there and joins."""
+    from optuna.storages._rdb import models
+
+    url = default_storage(tmp_path)
+    metadata = models.BaseModel.metadata
+    create_all = type(metadata).create_all
+    collided = []
+
+    def racing_create_all(bind, tables=None, checkfirst=True):
+        if not collided:
+            collided.append(True)
+            create_all(metadata, sqlalchemy.create_engine(url))  # the other worker, first
+            return create_all(metadata, bind, tables, checkfirst=False)  # this one, after finding no tables
+        return create_all(metadata, bind, tables, checkfirst)
+
+    monkeypatch.setattr(metadata, "create_all", racing_create_all)
+    storage = open_storage(url, heartbeat=False)
+    assert collided
+    optuna.create_study(study_name="t", storage=storage)
+    assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == ["t"]
+
+
+JOIN = """
+import sys, time
+from pathlib import Path
+
+import optuna, sqlalchemy  # the imports before the barrier: the workers then differ by a millisecond, not seconds
+import project.sweep, project.sweep.report, project.sweep.space, project.sweep.storage, project.sweep.worker
+
+
+def join(sweep, study):  # instead of running trials: take one and draw its values, as a worker's first step does
+    trial = study.ask()
+    sweep.space.sample(trial)
+    print(f"joined trial {trial.number}", flush=True)
+    return 0
+
+
+project.sweep.worker.run_worker = join
+project.sweep.check_inputs = lambda *args, **kwargs: None  # the dry run of a trial's config: not this test's subject
+Path(sys.argv[1]).touch()
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.001)
+project.sweep.main(sys.argv[3:])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * START_TIMEOUT)
+@pytest.mark.parametrize("storage", ["default", "sqlite+pysqlite", "journal"])
+def test_three_workers_started_at_once_all_join(tmp_path, storage):
+    """Three `python -m project sweep` processes started in the same millisecond on a new study (an array job's
+    tasks): each creates or loads the study and takes a trial; none fails creating the schema, and the base
+    config's trial is queued once (each worker that found no trials queued it: it ran twice)."""
+    sweep_dir = tmp_path / "sweep"
+    urls = {
+        "default": None,
+        "sqlite+pysqlite": f"sqlite+pysqlite:///{tmp_path / 'study.db'}",
+        "journal": f"journal:{tmp_path / 'study.journal'}",
+    }
+    argv = ["--space", str(write_space(tmp_path / "t.yaml")), "--dir", str(sweep_dir), "--no_report"]
+    if urls[storage]:
+        argv += ["--storage", urls[storage]]
+    script = tmp_path / "join.py"
+    script.write_text(JOIN)
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"ready{k}"), str(go), *argv, "--worker_index", str(k)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(3)
+    ]
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not all((tmp_path / f"ready{k}").exists() for k in range(3)):
+            assert time.monotonic() < deadline, "the workers never reached the barrier"
+            assert all(w.poll() is None for w in workers), [w.communicate() for w in workers]
+            time.sleep(0.05)
+        go.touch()  # the barrier: all three start now
+        outputs = [w.communicate(timeout=START_TIMEOUT) for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    report = "\n".join(f"worker {k} exit {w.returncode}:\n{o}\n{e}" for k, (w, (o, e)) in enumerate(zip(workers, outputs)))
+    assert all(w.returncode == 0 for w in workers), report
+    joined = sorted(int(o.split("joined trial ")[1].split()[0]) for o, _ in outputs)
+    assert joined == [0, 1, 2], report
+    url = urls[storage] or default_storage(sweep_dir)
+    trials = optuna.load_study(study_name="t", storage=open_storage(url, heartbeat=False)).get_trials()
+    assert len(trials) == 3, [(t.number, t.state, t.user_attrs) for t in trials]
+    base = [t for t in trials if t.user_attrs.get("base_config")]
+    assert len(base) == 1 and base[0].params == {LR: 0.003}, [(t.number, t.params, t.user_attrs) for t in trials]
+
+
+def dead_pid() -> int:
+    """The process id of a process that has exited (and been reaped): a dead worker's."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def run_by_dead_worker(study: optuna.Study) -> optuna.trial.FrozenTrial:
+    """study.ask() as a worker on this machine does, which is then killed: RUNNING, owned by a gone process."""
+    trial = study.ask()
+    trial.suggest_float(LR, 1.0e-4, 1.0e-2, log=True)  # the sweep's space.sample: a queued value as it is
+    trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr("pid", dead_pid())
+    return study.get_trials(deepcopy=False)[trial.number]
+
+
+def new_study(tmp_path: Path) -> optuna.Study:
+    return optuna.create_study(study_name="t", storage=open_storage(default_storage(tmp_path)))
+
+
+def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path):
+    """The base config's trial killed with its worker again and again (kill -9, a lost node, a SIGTERM) is queued
+    again every time, past the retry limit of other trials: the best trial is never worse than the default."""
+    from project.sweep.storage import MAX_RETRY
+
+    study = new_study(tmp_path)
+    study.enqueue_trial({LR: 0.003}, user_attrs={"base_config": True})
+    for attempt in range(MAX_RETRY + 2):  # a worker on this machine, killed: its pid is gone
+        killed = run_by_dead_worker(study)
+        assert killed.params == {LR: 0.003} and killed.user_attrs["base_config"], (attempt, killed)
+        recover_dead_trials(study, tmp_path)
+    # a worker on another machine, killed: Optuna's heartbeat fails its trial and calls the storage's callback
+    callback = study._storage.get_heartbeat_stale_trial_callback()
+    for _ in range(MAX_RETRY + 2):
+        trial = study.ask()
+        assert trial.suggest_float(LR, 1.0e-4, 1.0e-2, log=True) == 0.003
+        study.tell(trial, state=TrialState.FAIL)
+        callback(study, study.get_trials()[trial.number])
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].user_attrs["base_config"], waiting
+
+    # a SIGTERM / Ctrl-C of the worker during the trial re-queues it as the base config's trial still
+    sweep = make_sweep(tmp_path)
+    trial = study.ask()
+
+    class Interrupted:
+        def __init__(self, *args, **kwargs):
+            self.returncode = 143
+
+        def wait(self, timeout=None):
+            raise KeyboardInterrupt
+
+        def poll(self):
+            return 143
+
+    from project.sweep import worker
+
+    worker.subprocess.Popen, popen = Interrupted, worker.subprocess.Popen
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            make_objective(sweep, study)(trial)
+    finally:
+        worker.subprocess.Popen = popen
+    (retry,) = study.get_trials(states=(TrialState.WAITING,))
+    assert retry.user_attrs.get("base_config") and retry.user_attrs["retry_of"] == trial.number, retry
+
+
+def make_sweep(tmp_path: Path) -> Sweep:
+    from project.sweep.space import load_space
+
+    space = write_space(tmp_path / "t.yaml")
+    return Sweep(
+        space=load_space(space),
+        space_copy=space,
+        sweep_dir=tmp_path,
+        storage_url=default_storage(tmp_path),
+        study_name="t",
+        configs=[str(ROOT / "configs" / "default.yaml")],
+        fixed={},
+        metric="val/loss",
+        monitor="val/loss",
+        direction="minimize",
+        n_trials=3,
+        max_failed=3,
+        threads="1",
+    )
+
+
+class TrialStarted(Exception):
+    """Raised instead of starting the trial's process: the test ends at the trial's launch."""
+
+
+def test_requeued_trial_is_never_failed_by_another_worker_while_its_worker_takes_it(tmp_path, monkeypatch):
+    """A dead worker's trial, re-queued, is taken by a live worker. At every step between the trial becoming
+    RUNNING and its process starting, another worker on this machine checks for dead workers' trials: the live
+    trial stays RUNNING. (The re-queued trial carried the dead worker's pid until its new worker wrote its own,
+    for 130-220 ms, and another worker marked the live trial failed.)"""
+    study = new_study(tmp_path)
+    dead = run_by_dead_worker(study)
+    recover_dead_trials(study, tmp_path)  # the dead worker's trial: FAIL, its values queued again
+    (requeued,) = study.get_trials(states=(TrialState.WAITING,))
+    assert requeued.params == dead.params
+
+    seen = []
+
+    def other_worker_checks(step: str) -> None:
+        recover_dead_trials(study, tmp_path)
+        seen.append((step, study.get_trials(deepcopy=False)[requeued.number].state))
+
+    sweep = make_sweep(tmp_path)
+    sample = sweep.space.sample
+    set_user_attr = optuna.trial.Trial.set_user_attr
+
+    def sample_then_check(trial):
+        other_worker_checks("sample")
+        return sample(trial)
+
+    def set_then_check(self, key, value):
+        set_user_attr(self, key, value)
+        other_worker_checks(f"set {key}")
+
+    def launch(*args, **kwargs):
+        raise TrialStarted
+
+    monkeypatch.setattr(sweep.space, "sample", sample_then_check)
+    monkeypatch.setattr(optuna.trial.Trial, "set_user_attr", set_then_check)
+    monkeypatch.setattr("project.sweep.worker.subprocess.Popen", launch)
+
+    trial = study.ask()  # the live worker takes the re-queued trial: RUNNING from here
+    assert trial.number == requeued.number
+    other_worker_checks("ask")
+    with pytest.raises(TrialStarted):
+        make_objective(sweep, study)(trial)
+    assert {"ask", "sample", "set pid"} <= {step for step, _ in seen}, seen
+    assert all(state == TrialState.RUNNING for _, state in seen), seen
+    assert len(study.get_trials()) == 2, "a live trial was re-queued"
