@@ -145,3 +145,16 @@ def test_wandb_offline_run_directory_is_still_the_last_line(tmp_path):
     table = max(i for i, line in enumerate(lines) if "Run summary" in line)
     assert sync and sync[-1] < table, "\n".join(lines[-40:])
     assert len([line for line in lines if line.startswith("Epoch 0/0")]) == 1, "\n".join(lines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # two processes: a hang fails here instead of blocking the suite
+def test_train_ddp_rank_zero_alone_draws_and_ends_with_the_run_directory(tmp_path):
+    # Threads as a user's shell has them (none set): the DDP launcher splits the cores between its ranks.
+    result, lines = terminal_run(
+        tmp_path, readme_command("make train-ddp"), *ONE_EPOCH, *FEW_BATCHES, env={"OMP_NUM_THREADS": None}
+    )
+    (run,) = result.runs()
+    assert lines[-1] == f"Run directory: runs/{run.name}", "\n".join(lines[-20:])
+    assert len([line for line in lines if line.startswith("Epoch 0/0")]) == 1, "\n".join(lines)
+    assert not re.search(r"rank\W{0,2}1\b", "\n".join(lines), re.I), "\n".join(lines)  # rank 0 speaks alone
