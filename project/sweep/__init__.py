@@ -237,16 +237,28 @@ def check_inputs(space_path, space, configs, flags, metric, monitor, threads, ke
     of this config reports (project/sweep/check.py); a ConfigError names every problem and its fix."""
     import time
 
-    from project.sweep.check import check_keys, check_metric, reported_metrics
+    from project.doctor import training_config
+    from project.sweep.check import check_keys, check_metric, nest, reported_metrics, writes_csv
 
     start = time.monotonic()
     where = f"sweep {space_path}"
-    values = check_keys(configs, space, flags, where) if keys else {}
-    names, writes_csv, _ = reported_metrics(configs, {**space.fixed, **flags, **values}, threads)
-    check_metric(metric, monitor, names, writes_csv, where)
+    if keys:
+        values, config = check_keys(configs, space, flags, where)
+    else:
+        values = {}
+        config = training_config(
+            [
+                *(a for c in configs for a in ("--config", c)),
+                "--config",
+                yaml.safe_dump(nest({**space.fixed, **flags})),
+            ]
+        )
+    names = reported_metrics(configs, {**space.fixed, **flags, **values}, threads)
+    check_metric(metric, monitor, names, writes_csv(config), where)
     print(
-        f"Checked in {time.monotonic() - start:.0f} s: the training CLI accepts every key and value of the sweep; "
-        f"a trial reports {metric} after each validation.",
+        f"Checked in {time.monotonic() - start:.0f} s: "
+        + ("the training CLI accepts every key and value of the sweep; " if keys else "")
+        + f"a trial reports {metric} after each validation.",
         flush=True,
     )
 

@@ -20,7 +20,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +45,9 @@ def probes(space: SweepSpace) -> list[dict[str, Any]]:
     ]
 
 
-def check_keys(configs: list[str], space: SweepSpace, flags: dict, where: str) -> dict[str, Any]:
+def check_keys(configs: list[str], space: SweepSpace, flags: dict, where: str) -> tuple[dict[str, Any], dict]:
     """Raise a ConfigError naming every fixed, flag or searched key the training CLI refuses (with the closest key
-    it has); return the first probe's values (base values where valid) for the dry run."""
+    it has); return the first probe's values (base values where valid) for the dry run, and the parsed config."""
     from jsonargparse import ArgumentError
 
     from project.doctor import training_config
@@ -84,18 +83,18 @@ def check_keys(configs: list[str], space: SweepSpace, flags: dict, where: str) -
                     hint = f" (did you mean '{close}'?)" if close else ""
                     problems[key] = f"{source[key]} is no key of the training config{hint}"
                 else:
-                    reason = " ".join(explain(message, [f"--{key}={live[key]}"]).split())
+                    reason = missing_attribute(message) or explain(message, [f"--{key}={live[key]}"])
+                    reason = " ".join(reason.split()).split(" The accepted keys and their types")[0]
                     problems[key] = f"{source[key]} = {live[key]!r} is refused by the training CLI: {reason}"
         if "?" in problems:
             break
     if problems:
+        text = "; ".join(problems.values())
         raise ConfigError(
-            f"{where}: " + "; ".join(problems.values()) + ". Every key and its type: python -m project fit "
-            "--help-all (the same dotted keys as on the command line). Nothing was run."
+            f"{where}: {text}{' ' if text.endswith(('?', '.')) else '. '}Every key and its type: python -m project "
+            "fit --help-all (the same dotted keys as on the command line). Nothing was run."
         )
-    first = probes(space)[0]
-    tree_values = base_values(space, configs)
-    return {**first, **tree_values}
+    return {**probes(space)[0], **base_values(space, configs)}, tree or {}
 
 
 def _parsed_base(base: list[str]) -> dict:
@@ -105,6 +104,23 @@ def _parsed_base(base: list[str]) -> dict:
         return training_config(base)
     except Exception:  # noqa: BLE001 - a suggestion is a courtesy; the base config's own error comes elsewhere
         return {}
+
+
+def missing_attribute(message: str) -> str | None:
+    """'module torch.optim has no Adamm. Did you mean torch.optim.Adam?' for a misspelled class path (jsonargparse
+    words it differently for a callable than for a class, and parse_errors knows the class wording only)."""
+    import importlib
+
+    found = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
+    if not found:
+        return None
+    module, name = found.groups()
+    try:
+        names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
+    except Exception:  # noqa: BLE001 - a suggestion is a courtesy
+        names = []
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f"module {module} has no {name}." + (f" Did you mean {module}.{close[0]}?" if close else "")
 
 
 def culprit(message: str, values: dict[str, Any]) -> str | None:
@@ -154,12 +170,11 @@ class ReportedMetrics(Callback):
             Path(self.path).write_text(json.dumps(sorted(trainer.callback_metrics)))
 
 
-def reported_metrics(configs: list[str], overlay: dict, threads: str | None) -> tuple[list[str], bool, float]:
-    """(metric names a trial reports after each validation, whether it writes metrics.csv, seconds): one
-    fast_dev_run of the trial config as its own process, on one device, in a temporary directory."""
+def reported_metrics(configs: list[str], overlay: dict, threads: str | None) -> list[str]:
+    """The metric names a trial reports after each validation: one fast_dev_run of the trial config as its own
+    process, on one device, in a temporary directory."""
     from project.sweep.worker import last_lines
 
-    start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sweep-check-") as tmp:
         names_path, config = Path(tmp) / "metrics.json", Path(tmp) / "check.yaml"
         tree = nest(overlay)
@@ -182,9 +197,27 @@ def reported_metrics(configs: list[str], overlay: dict, threads: str | None) -> 
                 f"{last_lines(log)} To see it all: python {shown} with the sweep's fixed keys and values as "
                 "flags. Nothing was run."
             )
-        names = json.loads(names_path.read_text())
-        writes_csv = any(Path(tmp, "run").rglob("metrics*.csv"))
-    return names, writes_csv, time.monotonic() - start
+        return json.loads(names_path.read_text())
+
+
+def writes_csv(config: dict) -> bool:
+    """Whether a parsed training config logs to metrics.csv (a CSVLogger, or a subclass, among its loggers)."""
+    import importlib
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    loggers = (config.get("trainer") or {}).get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        module, _, name = str(
+            (logger or {}).get("class_path", "") if isinstance(logger, dict) else ""
+        ).rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            continue
+        if isinstance(cls, type) and issubclass(cls, CSVLogger):
+            return True
+    return False
 
 
 def check_metric(metric: str, monitor: str, names: list[str], writes_csv: bool, where: str) -> None:

@@ -1,0 +1,301 @@
+"""`make sweep` refuses bad input before its first trial (project/sweep/check.py, project/sweep/space.py), leaves an
+existing study untouched when it does, lets a corrected sweep run past earlier failures, and draws an honest
+report.png (project/sweep/report.py).
+
+In-process (`project.sweep.main`), with the repository's configs. Most checks train nothing; the metric check runs
+its one-batch dry run (a `python -m project fit --trainer.fast_dev_run 1` process), and one test runs one real trial
+of 4 batches.
+"""
+
+import hashlib
+import signal
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from project.sweep import main as sweep_main
+from tests.conftest import CONFIGS, REPO
+
+LR = "model.init_args.optimizer.init_args.lr"
+WIDTH = "model.init_args.model.init_args.width"
+FAST = {
+    "trainer.max_epochs": 1,
+    "trainer.limit_train_batches": 4,
+    "trainer.limit_val_batches": 2,
+    "trainer.limit_test_batches": 2,
+}
+DISTRIBUTIONS = {LR: FloatDistribution(1.0e-4, 1.0e-2, log=True), WIDTH: CategoricalDistribution([16, 32])}
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)  # the sweep's default base config is configs/default.yaml, relative
+
+
+def write_space(path: Path, **overrides) -> Path:
+    space = {
+        "name": "t",
+        "n_trials": 1,
+        "enqueue_base": False,
+        "sampler": {"class_path": "optuna.samplers.RandomSampler", "init_args": {"seed": 0}},
+        "fixed": dict(FAST),
+        "params": {
+            LR: {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
+            WIDTH: {"type": "categorical", "choices": [16, 32]},
+        },
+        **overrides,
+    }
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+def sweep(space: Path, sweep_dir: Path, *extra: str) -> int:
+    """`python -m project sweep` in this process; its exit code."""
+    argv = ["--space", str(space), "--dir", str(sweep_dir), "--config", str(CONFIGS / "default.yaml")]
+    with pytest.raises(SystemExit) as exited:
+        sweep_main([*argv, "--max_failed", "1", *extra])
+    return exited.value.code
+
+
+def refused(capsys, *needles: str) -> str:
+    """The error paragraph, which must name each of `needles`; it is one paragraph (no blank line inside)."""
+    err = capsys.readouterr().err
+    paragraph = err.strip()
+    assert paragraph.startswith("error:") and "\n\n" not in paragraph, err
+    for needle in needles:
+        assert needle in paragraph, (needle, err)
+    return paragraph
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def existing_study(sweep_dir: Path, space: Path, failed: int = 0) -> dict[str, str]:
+    """A sweep directory as a finished sweep leaves it: study.db (two complete trials, `failed` failed ones),
+    space.yaml, best.yaml, report.png and trials.csv; its files' hashes."""
+    from project.sweep import METRIC_ATTR
+    from project.sweep.storage import default_storage, open_storage
+
+    sweep_dir.mkdir(parents=True)
+    study = optuna.create_study(
+        study_name="t", storage=open_storage(default_storage(sweep_dir)), direction="minimize"
+    )
+    study.set_user_attr(METRIC_ATTR, "val/loss")
+    for value, lr in ((0.61, 3.0e-3), (0.58, 1.0e-3)):
+        study.add_trial(create_trial(params={LR: lr, WIDTH: 16}, distributions=DISTRIBUTIONS, value=value))
+    for _ in range(failed):
+        study.add_trial(
+            create_trial(
+                state=TrialState.FAIL,
+                params={LR: 1.0e-3, WIDTH: 16},
+                distributions=DISTRIBUTIONS,
+                user_attrs={"error": "exit code 2: error: no such key"},
+            )
+        )
+    (sweep_dir / "space.yaml").write_text(space.read_text())
+    (sweep_dir / "best.yaml").write_text("# Best trial of sweep 't': trial 1, val/loss = 0.58\n")
+    (sweep_dir / "report.png").write_bytes(b"\x89PNG not really")
+    (sweep_dir / "trials.csv").write_text("number,state,value\n0,COMPLETE,0.61\n1,COMPLETE,0.58\n")
+    return snapshot(sweep_dir)
+
+
+@pytest.mark.parametrize(
+    "param, needles",
+    [
+        ({"type": "float", "low": 0.0, "high": 0.1, "log": True}, ["log: true with low 0.0", "low > 0"]),
+        ({"type": "float", "low": 0.1, "high": 0.1}, ["low 0.1 >= high 0.1", "fixed"]),
+        ({"type": "float", "low": "1e-4", "high": 0.1}, ["numeric `low`", "write 1.0e-3"]),
+        (
+            {"type": "float", "low": 1.0e-4, "high": 0.1, "log": True, "step": 0.01},
+            ["both log: true and a step"],
+        ),
+    ],
+    ids=["log-low-0", "low-equals-high", "yaml-string", "log-and-step"],
+)
+def test_bad_range_exits_2_before_any_trial(tmp_path, capsys, param, needles):
+    """A range Optuna refuses in every trial (or YAML reads as a string) is one paragraph naming the key and the fix;
+    nothing is created (no sweep directory, no study.db, no trials/)."""
+    space = write_space(tmp_path / "t.yaml", params={LR: param})
+    assert sweep(space, tmp_path / "sweep") == 2
+    refused(capsys, f"parameter '{LR}'", *needles)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_every_problem_of_a_sweep_file_in_one_paragraph(tmp_path, capsys):
+    """Several mistakes are named together (fixing one at a time costs a run each), a bad pruner among them:
+    before, the pruner was built after the study's storage had been created."""
+    space = write_space(
+        tmp_path / "t.yaml",
+        params={
+            LR: {"type": "floatt", "low": 1.0e-4, "high": 0.1},
+            WIDTH: {"type": "categorical", "choices": []},
+        },
+        pruner={"class_path": "optuna.pruners.MedianPrunerr"},
+    )
+    assert sweep(space, tmp_path / "sweep") == 2
+    refused(
+        capsys, f"parameter '{LR}' has type 'floatt'", f"parameter '{WIDTH}' needs a non-empty", "Nothing"
+    )
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_bad_pruner_exits_2_before_the_storage_is_created(tmp_path, capsys):
+    space = write_space(tmp_path / "t.yaml", pruner={"class_path": "optuna.pruners.MedianPrunerr"})
+    assert sweep(space, tmp_path / "sweep") == 2
+    refused(capsys, "optuna.pruners.MedianPrunerr")
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_misspelled_keys_exit_2_with_the_closest_key(tmp_path, capsys):
+    """A misspelled searched key, fixed key and trial flag, each named with the key the training CLI has, before any
+    trial (before, each of n_trials trials failed on it in turn)."""
+    space = write_space(
+        tmp_path / "t.yaml",
+        fixed={**FAST, "trainer.max_epoch": 1},
+        params={"model.init_args.optimizer.init_args.lrr": {"type": "float", "low": 1.0e-4, "high": 0.1}},
+    )
+    assert sweep(space, tmp_path / "sweep", "--data.init_args.batch_sizee", "32") == 2
+    refused(
+        capsys,
+        "`params:` key 'model.init_args.optimizer.init_args.lrr'",
+        f"did you mean '{LR}'?",
+        "`fixed:` key 'trainer.max_epoch'",
+        "did you mean 'trainer.max_epochs'?",
+        "trial flag '--data.init_args.batch_sizee'",
+        "did you mean 'data.init_args.batch_size'?",
+    )
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_refused_choice_exits_2_naming_the_key_and_value(tmp_path, capsys):
+    """Every choice is parsed, not only the one a trial happens to draw first: an optimizer class path with a typo
+    among valid ones is found before any trial."""
+    optimizer = "model.init_args.optimizer"
+    space = write_space(
+        tmp_path / "t.yaml",
+        params={optimizer: {"type": "categorical", "choices": ["torch.optim.AdamW", "torch.optim.Adamm"]}},
+    )
+    assert sweep(space, tmp_path / "sweep") == 2
+    refused(capsys, f"`params:` key '{optimizer}' = 'torch.optim.Adamm'", "torch.optim.Adam?")
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize(
+    "metric, direction, needles",
+    [
+        ("val/los", "minimize", ["metric 'val/los' is not one a trial reports", "Did you mean 'val/loss'?"]),
+        # logged only by the test after fit: no trial reports it to the pruner, and ranking by it would be
+        # selecting on the test split
+        ("test/acc", "maximize", ["metric 'test/acc' is not one a trial reports", "val/acc"]),
+    ],
+)
+def test_a_metric_no_trial_reports_exits_2_before_any_trial(tmp_path, capsys, metric, direction, needles):
+    """The metric is checked against what the module logs after a validation (one-batch dry run), before any
+    trial; before, each trial trained to its end and then failed for want of the metric."""
+    space = write_space(tmp_path / "t.yaml", metric=metric, direction=direction)
+    assert sweep(space, tmp_path / "sweep") == 2
+    refused(capsys, *needles)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_bad_input_leaves_an_existing_study_unchanged(tmp_path, capsys):
+    """Against an existing sweep directory, each bad input exits 2 and changes no byte in it (space.yaml, best.yaml,
+    report.png, trials.csv, study.db) and starts no trial. The study already has n_trials complete trials, so the
+    old code ran none either, but rewrote space.yaml, best.yaml and the report with the bad input's metric."""
+    good = write_space(tmp_path / "good.yaml", n_trials=2)
+    sweep_dir = tmp_path / "sweep"
+    before = existing_study(sweep_dir, good)
+    cases = {
+        "misspelled key": (
+            write_space(tmp_path / "a.yaml", n_trials=2, fixed={**FAST, "trainer.max_epoch": 1}),
+            [],
+        ),
+        "log with low 0": (
+            write_space(
+                tmp_path / "b.yaml",
+                n_trials=2,
+                params={LR: {"type": "float", "low": 0, "high": 1, "log": True}},
+            ),
+            [],
+        ),
+        "unknown metric": (
+            write_space(tmp_path / "c.yaml", n_trials=2, metric="val/los", direction="minimize"),
+            [],
+        ),
+        "another metric": (
+            write_space(tmp_path / "d.yaml", n_trials=2, metric="val/acc", direction="maximize"),
+            [],
+        ),
+        "report, unknown metric": (
+            write_space(tmp_path / "e.yaml", n_trials=2, metric="val/los", direction="minimize"),
+            ["--report"],
+        ),
+        "report, another metric": (
+            write_space(tmp_path / "f.yaml", n_trials=2, metric="val/acc", direction="maximize"),
+            ["--report"],
+        ),
+    }
+    said = {}
+    for case, (space, extra) in cases.items():
+        assert sweep(space, sweep_dir, *extra) == 2, case
+        said[case] = refused(capsys)
+        assert snapshot(sweep_dir) == before, case
+        assert not (sweep_dir / "trials").exists(), case
+    # the study's metric is named when another is asked for
+    assert "ranks its trials by val/loss (minimize), not val/acc (maximize)" in said["another metric"], said
+
+
+def test_earlier_failures_do_not_block_a_corrected_extend(tmp_path, capsys):
+    """--max_failed counts the failures of this command: a study with two failed trials from an earlier run (a key
+    since corrected) runs the corrected sweep's trial with --max_failed 1 (before: it stopped at once, exit 1)."""
+    good = write_space(tmp_path / "good.yaml", n_trials=3)
+    sweep_dir = tmp_path / "sweep"
+    existing_study(sweep_dir, good, failed=2)
+    handler = signal.getsignal(signal.SIGTERM)  # the sweep turns SIGTERM into a stop of its trial
+    try:
+        assert sweep(good, sweep_dir, "--no_report") == 0, capsys.readouterr()
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    trials = optuna.load_study(study_name="t", storage=f"sqlite:///{sweep_dir / 'study.db'}").get_trials()
+    assert [t.state for t in trials].count(TrialState.COMPLETE) == 3
+    assert "2 failed trial(s) from earlier runs do not count" in capsys.readouterr().out
+
+
+def test_report_shows_pruned_trials_clips_outliers_and_names_the_evaluator():
+    """report.png's history has the pruned trials (their last reported value, their own marker), keeps its scale
+    for the bulk of the trials when two diverge (and says so), and the importance panel names its evaluator."""
+    from project.sweep.report import figure
+
+    study = optuna.create_study(direction="minimize")
+    for i in range(10):
+        value = {3: 50.0, 7: 100.0}.get(i, 0.5 + 0.01 * i)
+        params = {LR: 1.0e-4 * (1.5**i), WIDTH: (16, 32)[i % 2]}
+        study.add_trial(create_trial(params=params, distributions=DISTRIBUTIONS, value=value))
+    for last in (0.7, 0.75):
+        study.add_trial(
+            create_trial(
+                state=TrialState.PRUNED,
+                params={LR: 1.0e-3, WIDTH: 16},
+                distributions=DISTRIBUTIONS,
+                intermediate_values={0: 0.9, 1: last},
+            )
+        )
+    fig = figure(study, "val/loss")
+    history, importance = fig.axes
+    labels = {c.get_label(): c for c in history.collections}
+    pruned = next(c for label, c in labels.items() if label.startswith("pruned"))
+    assert sorted(tuple(p) for p in pruned.get_offsets().tolist()) == [(10.0, 0.7), (11.0, 0.75)]
+    low, high = history.get_ylim()
+    assert high < 1.0 and low > 0.4, (low, high)  # the two diverged trials do not flatten the rest
+    assert "clipped" in history.get_title(), history.get_title()
+    assert any(label.startswith("off the scale") for label in labels), labels
+    assert "PedAnovaImportanceEvaluator" in importance.get_title()
