@@ -169,10 +169,12 @@ class ProjectCLI(LightningCLI):
             # warn on every run that it picks the first callback's, which is this one.
             best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
             trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
+        finish_wandb()  # its footer prints here, above the summary: the run directory stays the last line
         if trainer.is_global_zero:
             print_summary(Path(trainer.default_root_dir))
 
     def after_test(self) -> None:
+        finish_wandb()
         if self.trainer.is_global_zero:  # Lightning has printed the metrics; say where the files went
             print_run_dir(Path(self.trainer.default_root_dir))
 
@@ -408,7 +410,14 @@ def main(args: list[str] | None = None) -> None:
         # attach to a run still open (flushed only at exit), and W&B's setup keeps the environment it first saw
         # (WANDB_MODE, WANDB_BASE_URL, the key) and its service process for the rest of the process: finish() ends
         # the run (and clears wandb.run, which teardown() alone leaves set), teardown() forgets the rest.
+        finish_wandb()
         if (wandb := sys.modules.get("wandb")) is not None:
-            if wandb.run is not None:
-                wandb.finish()
             wandb.teardown()
+
+
+def finish_wandb() -> None:
+    """End the W&B run, if one is open (rank 0 only opens one): W&B prints its footer (run history, and offline its
+    `wandb sync <folder>` command) when the run finishes, which was at exit, below `Run directory:`. The CLI calls
+    it after the command's last stage, when every callback has logged."""
+    if (wandb := sys.modules.get("wandb")) is not None and wandb.run is not None:
+        wandb.finish()

@@ -1,5 +1,5 @@
 """Logger choices resolved against the run directory: combinable overlays, each logger's save_dir, and W&B
-online/offline + resume, and its end before the run's summary.
+online/offline + resume.
 
 Overlays in configs/logger/ append with `logger+:`; `configure_loggers` then keeps one logger per class (the
 last config's settings win), so `--config configs/logger/tensorboard.yaml` on top of the default is harmless.
@@ -11,10 +11,6 @@ import secrets
 import string
 import sys
 from pathlib import Path
-
-import lightning as L
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.cli import SaveConfigCallback
 
 
 def configure_loggers(loggers: list, run_dir: Path) -> list:
@@ -83,28 +79,3 @@ def wandb_key_configured() -> bool:
         return netrc.netrc(path).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
-
-
-class FinishWandb(Callback):
-    """Ends the W&B run when the command's last stage ends, so that W&B's footer (run history and summary, and
-    offline its `wandb sync <folder>` command) prints above the run's summary table and `Run directory:` line.
-
-    W&B prints that footer when its run finishes, which was at the CLI's exit, after the summary: the run directory
-    was no longer the last line. The last stage is the test that follows fit (`test_after_fit`, read from the
-    config LightningCLI's config callback holds), or fit when no test follows or fit was interrupted, or a
-    `validate`/`test` command. configs/logger/wandb.yaml adds this callback with the logger. Every logging
-    callback has logged by then: they log at on_fit_end/on_test_end, and teardown comes after them.
-    """
-
-    def teardown(self, trainer: "L.Trainer", pl_module: "L.LightningModule", stage: str) -> None:
-        if stage == "fit" and not trainer.interrupted and cli_tests_after_fit(trainer):
-            return
-        wandb = sys.modules.get("wandb")
-        if wandb is not None and wandb.run is not None:  # only rank 0 opens the W&B run
-            wandb.run.finish()
-
-
-def cli_tests_after_fit(trainer: "L.Trainer") -> bool:
-    """Whether the CLI tests after fit (its `test_after_fit`); False outside the CLI, which never tests by itself."""
-    configs = [c.config for c in trainer.callbacks if isinstance(c, SaveConfigCallback)]
-    return bool(configs and configs[0].get("test_after_fit"))
