@@ -59,17 +59,8 @@ class ClassificationModule(L.LightningModule):
             with tensor cores; `make bench` shows its effect). Only 4-D weights and 4-D input tensors change:
             other inputs and layers (a GRU's, a linear head's) are left as they are.
 
-    Labels: torchmetrics checks every evaluation batch's inputs (`validate_args`; training accuracy is counted on
-    the device, and CrossEntropy checks those shapes) unless the Trainer's data module has a
-    true `labels_checked` attribute, its promise that every label was checked to be in [0, num_classes) before
-    training (the image data modules check them once, in project/data/validate.py): the per-batch check is a third
-    of a metric update's work. What it checks, with float logits: the shapes (logits (N, C), labels (N,)); its
-    check of the label values runs for integer predictions only. CrossEntropy raises on labels >= num_classes or
-    < 0, except -100 (its ignore_index, skipped silently).
-
-    `test_step` returns the batch's float32 logits, shape (batch, num_classes): callbacks read them as the
-    `outputs` of `on_test_batch_end` (RunReport's confusion matrix and wrong examples) instead of running the
-    model again. A subclass that returns something else makes RunReport compute the logits itself.
+    Labels are checked once by the image data modules (`labels_checked`), so torchmetrics' per-batch check (a third
+    of a metric update) is off for them; CrossEntropy raises on labels outside [0, num_classes) except -100.
     """
 
     def __init__(
@@ -136,6 +127,8 @@ class ClassificationModule(L.LightningModule):
             self.model.compile()  # lazy: dynamo traces on the first forward
             self._model_compiled = True
         datamodule = self._trainer.datamodule if self._trainer is not None else None
+        # True: the data module checked every label once (project/data/validate.py); torchmetrics' per-batch check
+        # of the shapes (and, for integer predictions only, the values) is then skipped.
         labels_checked = getattr(datamodule, "labels_checked", False) is True
         for metric in self.modules():
             if isinstance(metric, MulticlassAccuracy):
@@ -193,7 +186,8 @@ class ClassificationModule(L.LightningModule):
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
     def test_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
-        """Update the test metrics; return the float32 logits (batch, num_classes) for callbacks (RunReport)."""
+        """Update the test metrics; return the float32 logits (batch, num_classes): RunReport reads them as the
+        `outputs` of on_test_batch_end instead of running the model again."""
         return self._evaluate(batch, "test")
 
     def _evaluate(self, batch: tuple[Inputs, Tensor], stage: str) -> Tensor:
