@@ -29,7 +29,9 @@ from project.sweep.worker import Sweep, make_objective, recover_dead_trials
 LR = "model.init_args.optimizer.init_args.lr"
 ROOT = Path(project.__file__).resolve().parent.parent  # the checkout under test (children import it too)
 # The worker's storage has Optuna's heartbeat, which warns outside Study.optimize (the tests take trials by hand).
-pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Heartbeat of storage is supposed to be used with Study.optimize"
+)
 START_TIMEOUT = 120  # seconds for three worker processes to import and join on 2 shared cores; a hang fails
 
 
@@ -55,7 +57,10 @@ def write_space(path: Path, **overrides) -> Path:
         ("sqlite:///{tmp}", "unable to open database file"),  # a folder, not a database file
         ("journal:{tmp}/missing/study.journal", "the folder {tmp}/missing does not exist"),
         ("journal:{tmp}/file/study.journal", "{tmp}/file is a file, not a folder"),
-        ("postgresql://user:secret@db-host/optuna", "pip install 'psycopg[binary]'"),  # SQLAlchemy 2.1: psycopg 3
+        (
+            "postgresql://user:secret@db-host/optuna",
+            "pip install 'psycopg[binary]'",
+        ),  # SQLAlchemy 2.1: psycopg 3
         ("postgresql+psycopg2://user:secret@db-host/optuna", "pip install psycopg2-binary"),
     ],
 )
@@ -96,7 +101,9 @@ def test_unreachable_server_is_one_paragraph(monkeypatch):
     from optuna.storages import RDBStorage
 
     def refused(self, url, **kwargs):
-        raise sqlalchemy.exc.OperationalError("SELECT 1", {}, ConnectionRefusedError('port 5432 failed: refused'))
+        raise sqlalchemy.exc.OperationalError(
+            "SELECT 1", {}, ConnectionRefusedError("port 5432 failed: refused")
+        )
 
     monkeypatch.setattr(RDBStorage, "__init__", refused)
     with pytest.raises(ConfigError) as err:
@@ -177,7 +184,15 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     workers = [
         subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path / f"ready{k}"), str(go), *argv, "--worker_index", str(k)],
+            [
+                sys.executable,
+                str(script),
+                str(tmp_path / f"ready{k}"),
+                str(go),
+                *argv,
+                "--worker_index",
+                str(k),
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -198,7 +213,9 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
         for w in workers:
             if w.poll() is None:
                 w.kill()
-    report = "\n".join(f"worker {k} exit {w.returncode}:\n{o}\n{e}" for k, (w, (o, e)) in enumerate(zip(workers, outputs)))
+    report = "\n".join(
+        f"worker {k} exit {w.returncode}:\n{o}\n{e}" for k, (w, (o, e)) in enumerate(zip(workers, outputs))
+    )
     assert all(w.returncode == 0 for w in workers), report
     joined = sorted(int(o.split("joined trial ")[1].split()[0]) for o, _ in outputs)
     assert joined == [0, 1, 2], report
@@ -206,7 +223,9 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
     trials = optuna.load_study(study_name="t", storage=open_storage(url, heartbeat=False)).get_trials()
     assert len(trials) == 3, [(t.number, t.state, t.user_attrs) for t in trials]
     base = [t for t in trials if t.user_attrs.get("base_config")]
-    assert len(base) == 1 and base[0].params == {LR: 0.003}, [(t.number, t.params, t.user_attrs) for t in trials]
+    assert len(base) == 1 and base[0].params == {LR: 0.003}, [
+        (t.number, t.params, t.user_attrs) for t in trials
+    ]
 
 
 def dead_pid() -> int:

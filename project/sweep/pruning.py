@@ -34,7 +34,9 @@ class TrialPruning(PyTorchLightningPruningCallback):
         from project.sweep.storage import open_storage
 
         opened = open_storage(storage, heartbeat=False)
-        study = optuna.load_study(study_name=study_name, storage=opened, pruner=load_space(space).build_pruner())
+        study = optuna.load_study(
+            study_name=study_name, storage=opened, pruner=load_space(space).build_pruner()
+        )
         study_id = opened.get_study_id_from_name(study_name)
         self._trial_id = opened.get_trial_id_from_study_id_trial_number(study_id, trial_number)
         super().__init__(optuna.trial.Trial(study, self._trial_id), monitor)

@@ -29,10 +29,16 @@ GRACE_PERIOD_S = 60
 MAX_RETRY = 3  # a trial that takes its worker down every time is not retried forever (the base config's is)
 JOURNAL_PREFIX = "journal:"
 SCHEMA_ATTEMPTS = 10
-OWNER_ATTRS = ("host", "pid")  # the worker that runs a trial (project/sweep/worker.py); never copied to a retry
+# The worker that runs a trial (user attributes, project/sweep/worker.py): never copied to the trial's retry.
+OWNER_ATTRS = ("host", "pid")
 # The Python module SQLAlchemy imports for a URL's driver -> what to pip install. SQLAlchemy 2.1's `postgresql://`
 # means psycopg 3 (psycopg2 needs `postgresql+psycopg2://`).
-DRIVERS = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "pymysql": "pymysql", "MySQLdb": "mysqlclient"}
+DRIVERS = {
+    "psycopg": "'psycopg[binary]'",
+    "psycopg2": "psycopg2-binary",
+    "pymysql": "pymysql",
+    "MySQLdb": "mysqlclient",
+}
 URL_FORMS = (
     "--storage takes sqlite:///<file>, postgresql://user:password@host/db (with psycopg 3), "
     "mysql+pymysql://user:password@host/db or journal:<file>."
