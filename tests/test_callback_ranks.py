@@ -249,3 +249,14 @@ def test_timed_saves_compare_the_clock_every_ten_steps_under_ddp():
 
     assert broadcasts(2) == [10, 20, 30, 40]
     assert broadcasts(1) == list(range(1, 41))  # single process: Lightning's broadcast is a no-op, per step
+
+
+def test_graceful_stop_names_the_missing_checkpoint_callback():
+    # GracefulStop asks the run's RunCheckpoint to write last.ckpt: without one, the run stops before training,
+    # not at the first signal with nothing saved.
+    from types import SimpleNamespace
+
+    from project.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="project.callbacks.RunCheckpoint"):
+        GracefulStop().on_fit_start(SimpleNamespace(checkpoint_callbacks=[]), None)
