@@ -82,14 +82,13 @@ def snapshot(folder: Path) -> dict[str, str]:
 def existing_study(sweep_dir: Path, space: Path, failed: int = 0) -> dict[str, str]:
     """A sweep directory as a finished sweep leaves it: study.db (two complete trials, `failed` failed ones),
     space.yaml, best.yaml, report.png and trials.csv; its files' hashes."""
-    from project.sweep import METRIC_ATTR
     from project.sweep.storage import default_storage, open_storage
 
     sweep_dir.mkdir(parents=True)
     study = optuna.create_study(
         study_name="t", storage=open_storage(default_storage(sweep_dir)), direction="minimize"
     )
-    study.set_user_attr(METRIC_ATTR, "val/loss")
+    study.set_user_attr("metric", "val/loss")  # the metric its values are (project/sweep/__init__.py)
     for value, lr in ((0.61, 3.0e-3), (0.58, 1.0e-3)):
         study.add_trial(create_trial(params={LR: lr, WIDTH: 16}, distributions=DISTRIBUTIONS, value=value))
     for _ in range(failed):
@@ -101,6 +100,10 @@ def existing_study(sweep_dir: Path, space: Path, failed: int = 0) -> dict[str, s
                 user_attrs={"error": "exit code 2: error: no such key"},
             )
         )
+    for number, lr in enumerate((3.0e-3, 1.0e-3)):  # each trial's run directory (its overlay, for best.yaml)
+        (sweep_dir / "trials" / f"{number:03d}").mkdir(parents=True)
+        overlay = {"model": {"init_args": {"optimizer": {"init_args": {"lr": lr}}}}}
+        (sweep_dir / "trials" / f"{number:03d}" / "sweep_trial.yaml").write_text(yaml.safe_dump(overlay))
     (sweep_dir / "space.yaml").write_text(space.read_text())
     (sweep_dir / "best.yaml").write_text("# Best trial of sweep 't': trial 1, val/loss = 0.58\n")
     (sweep_dir / "report.png").write_bytes(b"\x89PNG not really")
@@ -209,7 +212,7 @@ def test_a_metric_no_trial_reports_exits_2_before_any_trial(tmp_path, capsys, me
 
 def test_bad_input_leaves_an_existing_study_unchanged(tmp_path, capsys):
     """Against an existing sweep directory, each bad input exits 2 and changes no byte in it (space.yaml, best.yaml,
-    report.png, trials.csv, study.db) and starts no trial. The study already has n_trials complete trials, so the
+    report.png, trials.csv, study.db, trials/) and starts no trial. The study already has n_trials complete trials, so the
     old code ran none either, but rewrote space.yaml, best.yaml and the report with the bad input's metric."""
     good = write_space(tmp_path / "good.yaml", n_trials=2)
     sweep_dir = tmp_path / "sweep"
@@ -248,8 +251,7 @@ def test_bad_input_leaves_an_existing_study_unchanged(tmp_path, capsys):
     for case, (space, extra) in cases.items():
         assert sweep(space, sweep_dir, *extra) == 2, case
         said[case] = refused(capsys)
-        assert snapshot(sweep_dir) == before, case
-        assert not (sweep_dir / "trials").exists(), case
+        assert snapshot(sweep_dir) == before, case  # no new trial directory either
     # the study's metric is named when another is asked for
     assert "ranks its trials by val/loss (minimize), not val/acc (maximize)" in said["another metric"], said
 
@@ -270,11 +272,15 @@ def test_earlier_failures_do_not_block_a_corrected_extend(tmp_path, capsys):
     assert "2 failed trial(s) from earlier runs do not count" in capsys.readouterr().out
 
 
-def test_report_shows_pruned_trials_clips_outliers_and_names_the_evaluator():
+def test_report_shows_pruned_trials_clips_outliers_and_names_the_evaluator(tmp_path, monkeypatch):
     """report.png's history has the pruned trials (their last reported value, their own marker), keeps its scale
     for the bulk of the trials when two diverge (and says so), and the importance panel names its evaluator."""
-    from project.sweep.report import figure
+    import matplotlib.figure
 
+    from project.sweep.report import plot
+
+    drawn = []  # the figure report.png is saved from
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
     study = optuna.create_study(direction="minimize")
     for i in range(10):
         value = {3: 50.0, 7: 100.0}.get(i, 0.5 + 0.01 * i)
@@ -289,8 +295,8 @@ def test_report_shows_pruned_trials_clips_outliers_and_names_the_evaluator():
                 intermediate_values={0: 0.9, 1: last},
             )
         )
-    fig = figure(study, "val/loss")
-    history, importance = fig.axes
+    plot(study, tmp_path / "report.png", "val/loss")
+    history, importance = drawn[0].axes
     labels = {c.get_label(): c for c in history.collections}
     pruned = next(c for label, c in labels.items() if label.startswith("pruned"))
     assert sorted(tuple(p) for p in pruned.get_offsets().tolist()) == [(10.0, 0.7), (11.0, 0.75)]
