@@ -64,6 +64,7 @@ def write_space(path: Path, **overrides) -> Path:
         ("postgresql+psycopg2://user:secret@db-host/optuna", "pip install psycopg2-binary"),
     ],
 )
+@pytest.mark.claim("sweep-many-machines")
 def test_storage_that_cannot_be_opened_is_one_paragraph(tmp_path, url, expected):
     url, expected = url.format(tmp=tmp_path), expected.format(tmp=tmp_path)
     driver = {"postgresql": "psycopg", "postgresql+psycopg2": "psycopg2"}.get(url.split("://")[0])
@@ -78,6 +79,7 @@ def test_storage_that_cannot_be_opened_is_one_paragraph(tmp_path, url, expected)
     assert not (tmp_path / "missing").exists()  # no folder made for a mistyped path
 
 
+@pytest.mark.claim("sweep-many-machines")
 def test_storage_error_exits_2_with_one_paragraph(tmp_path, capsys, monkeypatch):
     """`python -m project sweep --storage <a folder that does not exist>`: exit code 2, one `error:` paragraph, and
     no folder made (a lock file beside the database created the missing folders)."""
@@ -113,6 +115,7 @@ def test_unreachable_server_is_one_paragraph(monkeypatch):
     assert "secret" not in message and "\n" not in message, message
 
 
+@pytest.mark.claim("sweep-workers", "sweep-many-machines")
 def test_schema_created_by_another_worker_meanwhile_is_loaded(tmp_path, monkeypatch):
     """The interleaving of workers started together, forced: another worker creates the tables between this
     worker's check for them and its CREATE TABLE (SQLite: "table ... already exists"; PostgreSQL: a duplicate
@@ -164,6 +167,7 @@ project.sweep.main(sys.argv[3:])
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * START_TIMEOUT)
+@pytest.mark.claim("sweep-workers", "sweep-many-machines")
 @pytest.mark.parametrize("storage", ["default", "sqlite+pysqlite", "journal"])
 def test_three_workers_started_at_once_all_join(tmp_path, storage):
     """Three `python -m project sweep` processes started in the same millisecond on a new study (an array job's
@@ -248,6 +252,7 @@ def new_study(tmp_path: Path) -> optuna.Study:
     return optuna.create_study(study_name="t", storage=open_storage(default_storage(tmp_path)))
 
 
+@pytest.mark.claim("sweep-resume")
 def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path):
     """The base config's trial killed with its worker again and again (kill -9, a lost node, a SIGTERM) is queued
     again every time, past the retry limit of other trials: the best trial is never worse than the default."""
@@ -320,6 +325,7 @@ class TrialStarted(Exception):
     """Raised instead of starting the trial's process: the test ends at the trial's launch."""
 
 
+@pytest.mark.claim("sweep-resume")
 def test_requeued_trial_is_never_failed_by_another_worker_while_its_worker_takes_it(tmp_path, monkeypatch):
     """A dead worker's trial, re-queued, is taken by a live worker. At every step between the trial becoming
     RUNNING and its process starting, another worker on this machine checks for dead workers' trials: the live
