@@ -2,8 +2,9 @@
 
 Each trial is its own `python -m project fit` process, so the Optuna `Trial` object lives in the sweep worker,
 not here. This callback rebuilds it from the study storage and the trial number (`optuna.trial.Trial(study,
-trial_id)`, the id from the storage's public lookup by study name and number), then is optuna-integration's PyTorchLightningPruningCallback unchanged: `trial.report` after every
-validation, `trial.should_prune()` with the sweep's pruner. The sweep adds it to the trial's config; a normal run
+trial_id)`, the id looked up by the storage's public get_trial_id_from_study_id_trial_number), then is
+optuna-integration's PyTorchLightningPruningCallback unchanged: `trial.report` after every validation,
+`trial.should_prune()` with the sweep's pruner. The sweep adds it to the trial's config; a normal run
 never has it (best.yaml leaves it out).
 
 A non-finite metric (a diverged trial) ends the process with exit code 1 and an `error:` line: the trial is FAILED,
