@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from lightning.pytorch.callbacks import Callback, model_checkpoint
+from lightning.pytorch.callbacks import Callback
 
+from project.callbacks import run_checkpoint
 from project.data.epoch_sampler import EpochSampler
 from tests.conftest import read_summary, run_cli
 
@@ -35,7 +36,7 @@ FLAGS = [
 
 
 class StopAfterEpoch(Callback):
-    """Stands in for a crash right after the epoch-end checkpoint (ModelCheckpoint saves in on_train_epoch_end), the
+    """Stands in for a crash right after the epoch-end checkpoint (RunCheckpoint saves in on_train_epoch_end), the
     first time only (a file in the working directory marks it): the run's config.yaml records this callback, and the
     resumed run, started from that config, must go on."""
 
@@ -74,7 +75,7 @@ class DoubleCtrlC(Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-CLOCK = {"offset": 0.0}  # seconds added to ModelCheckpoint's clock (the test patches its `time` module)
+CLOCK = {"offset": 0.0}  # seconds added to RunCheckpoint's clock (the test patches its `time` module)
 
 
 class FakeTime:
@@ -239,7 +240,7 @@ def test_second_ctrl_c_stops_at_once_without_saving(in_tmp, capsys):
 def test_last_ckpt_is_written_mid_epoch_every_30_minutes(in_tmp, monkeypatch):
     """The default config's time rule, on a clock moved forward instead of waiting half an hour."""
     monkeypatch.setitem(CLOCK, "offset", 0.0)
-    monkeypatch.setattr(model_checkpoint, "time", FakeTime())
+    monkeypatch.setattr(run_checkpoint, "time", FakeTime())
     flags = ["--trainer.max_epochs", "1", "--trainer.limit_val_batches", "1", "--run_dir", "r"]
     assert run_cli("fit", *flags, add("ClockJump")) == 99
     state = weights("r")

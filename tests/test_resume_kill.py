@@ -123,7 +123,7 @@ def test_three_kill_9s_in_one_run_end_bit_identical(tmp_path):
             assert resumed["position"] == kill["batch"] and 0 < kill["batch"] < STEPS
         elif kill["landed"] == "validation":
             # the last checkpoint before an epoch's validation is the mid-epoch one of its second-to-last
-            # batch (StepCheckpoint skips the last: the epoch-end save follows validation)
+            # batch (RunCheckpoint skips the last: the epoch-end save follows validation)
             assert resumed["global_step"] == kill["aimed"]["step"] - 1 and resumed["position"] == STEPS - 1
         else:
             # died with bytes written but not yet renamed: the temporary file stays, and last.ckpt is the
