@@ -71,12 +71,12 @@ class ProjectCLI(LightningCLI):
         parser.add_argument(
             "--test_after_fit", type=bool, default=True, help="After fit, test the best checkpoint."
         )
-        parser.add_argument(  # a ModelCheckpoint takes steps or a time interval, not both: its own flag
+        parser.add_argument(  # sets every_n_train_steps of the config's RunCheckpoint
             "--checkpoint_every_n_steps",
             type=int,
             default=0,
-            help="Also write checkpoints/last.ckpt every N optimizer steps, mid-epoch included (0 = off; the "
-            "wall-clock interval of the config's second ModelCheckpoint stays on).",
+            help="Also write checkpoints/last.ckpt every N optimizer steps, mid-epoch included (0 = off; sets the "
+            "config's RunCheckpoint every_n_train_steps; its wall-clock interval stays on).",
         )
         parser.set_defaults({"trainer.precision": auto_precision()})
         for source, target in self.links:
@@ -165,8 +165,7 @@ class ProjectCLI(LightningCLI):
         trainer = self.trainer
         if self.config.fit.test_after_fit and not trainer.interrupted:
             ckpt = trainer.checkpoint_callback
-            # The path, not "best": with the config's second (time-interval) ModelCheckpoint, "best" makes Lightning
-            # warn on every run that it picks the first callback's, which is this one.
+            # The run's checkpoint callback's best file (None when no epoch was selected: the final weights).
             best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
             trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
         finish_wandb()  # its footer prints here, above the summary: the run directory stays the last line

@@ -117,7 +117,9 @@ def _writer() -> Callback | None:
 
 
 @pytest.mark.slow  # trains through the CLI in-process
-@pytest.mark.claim("last-every-epoch-end", "last-every-30-minutes", "stop-signal-saves-and-exits")
+@pytest.mark.claim(
+    "last-every-epoch-end", "last-every-30-minutes", "stop-signal-saves-and-exits", "one-checkpoint-writer"
+)
 def test_one_callback_writes_every_checkpoint_whatever_the_trigger(in_tmp, monkeypatch):
     """Every checkpoint file of a run (best-*.ckpt, and last.ckpt at epoch ends, every N steps, every 30 minutes
     and on SIGTERM) is written by the one checkpoint callback: one owner of last.ckpt, not three writers."""
@@ -153,7 +155,10 @@ def test_one_callback_writes_every_checkpoint_whatever_the_trigger(in_tmp, monke
     assert exit_.value.code == 143
     # Mid-epoch last.ckpt (4 steps an epoch): every 3 steps (3, 6, 9), the 31 minutes (5), SIGTERM (10).
     assert [(f, s) for f, s, _ in writes if s % 4] == [("last.ckpt", s) for s in (3, 5, 6, 9, 10)]
-    assert {s for _, s, _ in writes if s % 4 == 0} == {4, 8}  # each epoch end wrote (a best file or last.ckpt)
+    assert {s for _, s, _ in writes if s % 4 == 0} == {
+        4,
+        8,
+    }  # each epoch end wrote (a best file or last.ckpt)
     assert {id(w) for _, _, w in writes} == {id(trainer.checkpoint_callback)}, writes
     assert isinstance(trainer.checkpoint_callback, RunCheckpoint) and len(trainer.checkpoint_callbacks) == 1
     last = torch.load(os.path.join(trainer.checkpoint_callback.dirpath, "last.ckpt"), weights_only=True)
@@ -220,8 +225,14 @@ def private_uses(path) -> list[tuple[int, str]]:
             found.append((node.lineno, node.attr))
         elif isinstance(node, ast.FunctionDef) and private(node.name) and node.name in lightning:
             found.append((node.lineno, node.name))  # overrides a private Lightning method
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr"):
-            name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+            "getattr",
+            "hasattr",
+            "setattr",
+        ):
+            name = (
+                node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
+            )
             if private(name) and someone_elses(node.args[0], name):
                 found.append((node.lineno, name))
         elif isinstance(node, ast.ImportFrom) and any(private(a.name) for a in node.names):

@@ -145,7 +145,7 @@ def _log_best(logger, best: dict, step: int) -> None:
 
 def best_metrics(trainer) -> dict[str, float]:
     """The selected checkpoint's monitored value (`best/<monitor>`) and val/acc (`best/val_acc`, when the
-    checkpoint callback records it: project.callbacks.BestModelCheckpoint), as summary.json reports them."""
+    checkpoint callback records it: project.callbacks.RunCheckpoint), as summary.json reports them."""
     ckpt = selecting_checkpoint(trainer)
     if ckpt is None or ckpt.best_model_score is None:
         return {}

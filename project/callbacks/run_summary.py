@@ -40,7 +40,7 @@ class RunSummary(Callback):
             best_val_acc = _metric(trainer, "val/acc")
         elif ckpt.monitor == "val/acc":
             best_val_acc = float(score) if score is not None else None
-        else:  # BestModelCheckpoint remembers the selected epoch's val/* metrics; a plain ModelCheckpoint does not
+        else:  # RunCheckpoint remembers the selected epoch's val/* metrics; a plain ModelCheckpoint does not
             best_val_acc = getattr(ckpt, "best_model_metrics", {}).get("val/acc")
         self.summary.update(
             best_val_acc=best_val_acc,
