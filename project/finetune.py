@@ -22,10 +22,12 @@ last `nn.Linear` works.
 """
 
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from project.errors import ConfigError
 from project.module import ClassificationModule
+
+# torch's batch-norm layers (their private base class, _BatchNorm, named by its public subclasses)
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 class FinetuneModule(ClassificationModule):
@@ -61,7 +63,7 @@ class FinetuneModule(ClassificationModule):
             )
         head = model.get_submodule(linears[-1])
         self._head_ids = {id(p) for p in head.parameters()}
-        self._backbone_norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+        self._backbone_norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS)]
         self.backbone_frozen = False
         if freeze_backbone:
             self._set_backbone_trainable(False)
