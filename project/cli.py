@@ -203,16 +203,28 @@ def data_to_model_links(config: Namespace) -> list[tuple[str, str]]:
 
 
 def constructor_parameters(class_path: str) -> set[str]:
-    """The named parameters of a class's constructor (empty when it cannot be imported: the parser says why)."""
+    """The named parameters of a class's constructor, and of its bases' while it passes them `**kwargs` (as the
+    parser reads them); empty when it cannot be imported: the parser says why."""
     import importlib
     import inspect
 
     module, _, name = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)
-        return set(inspect.signature(cls).parameters)
-    except (ImportError, AttributeError, ValueError, TypeError):
+    except (ImportError, AttributeError, ValueError):
         return set()
+    named: set[str] = set()
+    for klass in inspect.getmro(cls) if isinstance(cls, type) else ():
+        if "__init__" not in vars(klass):
+            continue
+        try:
+            parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        except (ValueError, TypeError):
+            break
+        named |= {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return named
 
 
 def _add_missing_init_args(node) -> None:

@@ -64,8 +64,8 @@ def write_space(path: Path, **overrides) -> Path:
 
 
 def study_of(sweep_dir: Path, name: str = "t") -> optuna.Study:
-    """The study as a reader opens it: through open_storage, which creates a new database's schema under the same
-    lock as the sweep's processes (reading while the sweep starts raced on it: "table studies already exists")."""
+    """The study as a reader opens it: through open_storage, which loads a schema another process created meanwhile
+    (reading while the sweep starts raced on it: "table studies already exists")."""
     from project.sweep.storage import default_storage, open_storage
 
     return optuna.load_study(

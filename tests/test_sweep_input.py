@@ -111,6 +111,7 @@ def existing_study(sweep_dir: Path, space: Path, failed: int = 0) -> dict[str, s
     return snapshot(sweep_dir)
 
 
+@pytest.mark.claim("sweep-bad-input-before-trials")
 @pytest.mark.parametrize(
     "param, needles",
     [
@@ -158,6 +159,7 @@ def test_bad_pruner_exits_2_before_the_storage_is_created(tmp_path, capsys):
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.claim("sweep-bad-input-before-trials")
 def test_misspelled_keys_exit_2_with_the_closest_key(tmp_path, capsys):
     """A misspelled searched key, fixed key and trial flag, each named with the key the training CLI has, before any
     trial (before, each of n_trials trials failed on it in turn)."""
@@ -192,6 +194,7 @@ def test_a_refused_choice_exits_2_naming_the_key_and_value(tmp_path, capsys):
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.claim("sweep-bad-input-before-trials")
 @pytest.mark.parametrize(
     "metric, direction, needles",
     [
@@ -210,6 +213,7 @@ def test_a_metric_no_trial_reports_exits_2_before_any_trial(tmp_path, capsys, me
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.claim("sweep-bad-input-before-trials")
 def test_bad_input_leaves_an_existing_study_unchanged(tmp_path, capsys):
     """Against an existing sweep directory, each bad input exits 2 and changes no byte in it (space.yaml, best.yaml,
     report.png, trials.csv, study.db, trials/) and starts no trial. The study already has n_trials complete trials, so the
