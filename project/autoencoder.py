@@ -90,11 +90,16 @@ class DenoisingAutoencoder(L.LightningModule):
 
     def configure_optimizers(self):
         optimizer = build_optimizer(
-            self.optimizer, [{"params": list(self.parameters())}], allow_fused=not clips_under_amp(self.trainer)
+            self.optimizer,
+            [{"params": list(self.parameters())}],
+            allow_fused=not clips_under_amp(self.trainer),
         )
         if self.scheduler is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler(optimizer), "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": self.scheduler(optimizer), "interval": "step"},
+        }
 
     def on_train_start(self) -> None:
         start_schedules(self.trainer)

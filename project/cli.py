@@ -205,13 +205,12 @@ def data_to_model_links(config: Namespace) -> list[tuple[str, str]]:
 def constructor_parameters(class_path: str) -> set[str]:
     """The named parameters of a class's constructor, and of its bases' while it passes them `**kwargs` (as the
     parser reads them); empty when it cannot be imported: the parser says why."""
-    import importlib
     import inspect
+    import pydoc
 
-    module, _, name = class_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
+        cls = pydoc.locate(class_path)
+    except pydoc.ErrorDuringImport:
         return set()
     named: set[str] = set()
     for klass in inspect.getmro(cls) if isinstance(cls, type) else ():
@@ -242,13 +241,12 @@ def _add_missing_init_args(node) -> None:
 def step_checkpoint(callbacks: list | None, every_n_steps: int) -> None:
     """`--checkpoint_every_n_steps N`: the config's RunCheckpoint also writes checkpoints/last.ckpt every N optimizer
     steps, mid-epoch included (its `every_n_train_steps`; config.yaml records it, so a resume keeps it)."""
-    import importlib
+    import pydoc
 
     from project.callbacks import RunCheckpoint
 
     for callback in callbacks or []:
-        module, _, name = callback.class_path.rpartition(".")
-        cls = getattr(importlib.import_module(module), name, None)
+        cls = pydoc.locate(callback.class_path)  # the parser has imported it already
         if isinstance(cls, type) and issubclass(cls, RunCheckpoint):
             callback.init_args.every_n_train_steps = every_n_steps
             return
@@ -347,7 +345,11 @@ def resume_as_started(argv: list[str]) -> list[str]:
     resumes.jsonl, and written into its config.yaml with the rest. With `--config` given, the command is taken as
     it is (the config named is the one meant). Returns argv itself when nothing is to be done.
     """
-    if not argv or argv[0] != "fit" or any(a in ("--config", "-c") or a.startswith("--config=") for a in argv):
+    if (
+        not argv
+        or argv[0] != "fit"
+        or any(a in ("--config", "-c") or a.startswith("--config=") for a in argv)
+    ):
         return argv
     ckpt_path, rest, i = None, [], 1
     while i < len(argv):

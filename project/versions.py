@@ -8,11 +8,6 @@ the command that installs it; nothing stops the run.
 import sys
 from importlib import metadata
 
-try:  # Lightning's record of the hyperparameters LightningCLI parsed (a private name; see built_by_cli)
-    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
-except ImportError:  # renamed past the pin: every module counts as built in code
-    _given_hyperparameters = None
-
 WATCHED = ("torch", "lightning", "torchmetrics", "torchvision", "jsonargparse")
 
 
@@ -43,7 +38,7 @@ def warn_outside_pins() -> None:
         quoted = " ".join(f"'{f.split(' (installed')[0]}'" for f in found)
         print(
             f"note: outside the tested versions: {'; '.join(found)}. If the run fails inside Lightning, install "
-            f"the tested range: {sys.executable} -m pip install {quoted} (README \"Your own environment\").",
+            f'the tested range: {sys.executable} -m pip install {quoted} (README "Your own environment").',
             file=sys.stderr,
             flush=True,
         )
@@ -54,4 +49,9 @@ def built_by_cli() -> bool:
     optimizer, dataset) as their config; built in code they are objects, which save_hyperparameters must not pickle.
     Lightning offers no public way to ask. Without the private name (a release past the pin) it answers False: the
     nested objects are then left out of the hyperparameters, and a checkpoint needs its config to be rebuilt."""
-    return _given_hyperparameters is not None and _given_hyperparameters.get() is not None
+    try:  # Lightning's record of the hyperparameters LightningCLI parsed (imported here: this module's pin check
+        # runs before Lightning is imported)
+        from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+    except ImportError:  # renamed past the pin: every module counts as built in code
+        return False
+    return _given_hyperparameters.get() is not None

@@ -28,11 +28,8 @@ from tests.conftest import (
     QUIET,
     REPO,
     documentation,
-    launch,
-    make_argv,
     read_summary,
     run_cli,
-    user_checkout,
 )
 from tests.ddp_processes import TEST_DEADLINE_S, env_for_children, finish, start
 from tests.test_resume import add, weights
@@ -65,11 +62,9 @@ def readme_block(language: str, first_line: str) -> str:
 @pytest.fixture(scope="module")
 def sequence_run(tmp_path_factory) -> Path:
     """`make train CONFIG=configs/sequence.yaml`, typed as the README shows it, 3 epochs: the run directory."""
-    from tests.test_readme import check_run, readme_command
+    from tests.test_readme import readme_train_run
 
-    checkout = user_checkout(tmp_path_factory.mktemp("sequence"))
-    argv = make_argv(readme_command(TRAIN), f"--trainer.max_epochs {EPOCHS}")
-    return check_run(launch(argv, checkout, env={"OMP_NUM_THREADS": "1"}))
+    return readme_train_run(tmp_path_factory, "sequence", TRAIN, EPOCHS)
 
 
 @pytest.mark.slow

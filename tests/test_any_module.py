@@ -13,7 +13,7 @@ import yaml
 
 from project.autoencoder import DenoisingAutoencoder
 from project.cli import DATA_TO_MODEL, data_to_model_links
-from tests.conftest import CONFIGS, launch, make_argv, read_summary, user_checkout
+from tests.conftest import CONFIGS, read_summary
 
 TRAIN = "make train CONFIG=configs/autoencoder.yaml"
 EPOCHS = 3
@@ -25,11 +25,9 @@ LEARNED_MSE = 0.5
 
 @pytest.fixture(scope="module")
 def autoencoder_run(tmp_path_factory) -> Path:
-    from tests.test_readme import check_run, readme_command
+    from tests.test_readme import readme_train_run
 
-    checkout = user_checkout(tmp_path_factory.mktemp("autoencoder"))
-    argv = make_argv(readme_command(TRAIN), f"--trainer.max_epochs {EPOCHS}")
-    return check_run(launch(argv, checkout, env={"OMP_NUM_THREADS": "1"}))
+    return readme_train_run(tmp_path_factory, "autoencoder", TRAIN, EPOCHS)
 
 
 @pytest.mark.slow

@@ -101,7 +101,10 @@ def fails(capsys, *args, started: bool = False) -> str:
         pytest.param(
             # (not my_models: tests/test_cli.py puts a my_models.py on the path of the process it runs in)
             ["--model.init_args.model", "not_on_the_path.TinyMLP"],
-            ["--model.init_args.model not_on_the_path.TinyMLP: no module named 'not_on_the_path'", "PYTHONPATH"],
+            [
+                "--model.init_args.model not_on_the_path.TinyMLP: no module named 'not_on_the_path'",
+                "PYTHONPATH",
+            ],
             id="class path without module",
             marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
         ),

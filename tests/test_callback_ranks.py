@@ -204,7 +204,11 @@ def test_sigterm_is_ours_alone_once_training_runs(tmp_path):
     trainer = L.Trainer(
         default_root_dir=tmp_path,
         accelerator="cpu",
-        callbacks=[GracefulStop(), RunCheckpoint(tmp_path / "checkpoints", monitor=None), _SignalInValidation()],
+        callbacks=[
+            GracefulStop(),
+            RunCheckpoint(tmp_path / "checkpoints", monitor=None),
+            _SignalInValidation(),
+        ],
         max_epochs=2,
         limit_train_batches=3,
         limit_val_batches=2,

@@ -392,6 +392,14 @@ def summary_of(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+def readme_train_run(tmp_path_factory, name: str, command: str, epochs: int) -> Path:
+    """A `make train` command the README shows, typed in a fresh checkout with `--trainer.max_epochs` appended:
+    the run directory it made (after check_run)."""
+    checkout = user_checkout(tmp_path_factory.mktemp(name))
+    argv = make_argv(readme_command(command), f"--trainer.max_epochs {epochs}")
+    return check_run(launch(argv, checkout, env={"OMP_NUM_THREADS": "1"}))
+
+
 def check_run(result: Launch) -> Path:
     """A training launch that worked: exit 0, one run directory, printed as the last line, no traceback."""
     assert result.returncode == 0, result

@@ -84,7 +84,7 @@ class RunReport(Callback):
 
     def on_test_start(self, trainer, pl_module) -> None:
         self._reset_test()
-        if not isinstance(getattr(pl_module, "num_classes", None), int):
+        if not is_classifier(pl_module):
             return  # not a classifier (configs/autoencoder.yaml): the curves and learning rates only
         # On the module's device: under DDP, compute() then gathers every rank's share of the test set.
         self.confusion = MulticlassConfusionMatrix(num_classes=pl_module.num_classes).to(pl_module.device)
@@ -147,7 +147,7 @@ class RunReport(Callback):
         lrs = [history["lrs"][step] for step in sorted(history["lrs"])]
         names = getattr(trainer.datamodule, "class_names", None)
         wrong = self.wrong if self.images else None
-        classifier = isinstance(getattr(trainer.lightning_module, "num_classes", None), int)
+        classifier = is_classifier(trainer.lightning_module)
         image = render(
             history["epochs"], lrs, self.matrix, wrong, names, self.dpi, history["lr_names"], classifier
         )
@@ -157,6 +157,12 @@ class RunReport(Callback):
         Image.fromarray(image).save(run_dir / self.filename)
         for logger in trainer.loggers:
             _log_image(logger, image, trainer.global_step)
+
+
+def is_classifier(module) -> bool:
+    """A module with an int `num_classes` (ClassificationModule and its subclasses): the confusion matrix and wrong
+    images apply; another task (configs/autoencoder.yaml) gets the curves only."""
+    return isinstance(getattr(module, "num_classes", None), int)
 
 
 def pack_lrs(lrs: dict[int, list[float]]) -> dict[str, Tensor]:
@@ -211,7 +217,9 @@ def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, 
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
-def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier: bool = True):
+def report_figure(
+    epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier: bool = True
+):
     """The report's matplotlib Figure (what `render` rasterises): its axes hold the data drawn.
 
     Layout: `fig.subfigs[0]` holds the loss, accuracy and learning-rate axes; `fig.subfigs[1].subfigs[0]` the

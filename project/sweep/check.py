@@ -202,19 +202,14 @@ def reported_metrics(configs: list[str], overlay: dict, threads: str | None) -> 
 
 def writes_csv(config: dict) -> bool:
     """Whether a parsed training config logs to metrics.csv (a CSVLogger, or a subclass, among its loggers)."""
-    import importlib
+    import pydoc
 
     from lightning.pytorch.loggers import CSVLogger
 
     loggers = (config.get("trainer") or {}).get("logger")
     for logger in loggers if isinstance(loggers, list) else [loggers]:
-        module, _, name = str(
-            (logger or {}).get("class_path", "") if isinstance(logger, dict) else ""
-        ).rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
-            continue
+        class_path = logger.get("class_path") if isinstance(logger, dict) else None
+        cls = pydoc.locate(class_path) if class_path else None  # the parser has imported it already
         if isinstance(cls, type) and issubclass(cls, CSVLogger):
             return True
     return False
