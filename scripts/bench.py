@@ -85,7 +85,12 @@ PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dat
     ),
 }
 FIT_EPOCHS = 15  # the default config's max_epochs: the whole `make train` fit
-HEADLINE_ARMS = ("template", "template_vs_tuned_loop", "bare_lightning")  # run in every round
+HEADLINE_ARMS = (
+    "template",
+    "template_vs_tuned_loop",
+    "bare_lightning",
+    "stock_lightning",
+)  # run in every round
 VARIANTS = {  # name -> extra CLI args for the template (each compared with the default config, same round)
     "no_progress_bar": ["--trainer.enable_progress_bar", "false"],
     "bf16_mixed": ["--trainer.precision", "bf16-mixed"],
@@ -122,6 +127,7 @@ def bench_cpu(p: dict) -> dict:
         machine,
         overheads_ms,
         steady_samples_per_s,
+        stock_lightning_run,
         template_run,
     )
 
@@ -151,6 +157,9 @@ def bench_cpu(p: dict) -> dict:
         # Lightning's loop alone on the tuned loop's work, against the tuned loop: the part of the template's
         # overhead that is Lightning's, whatever the template does.
         "bare_lightning": lambda: bare_lightning_run(E, 64, raw=tuned_loop, limit=p["limit"]),
+        # Lightning doing the template's job with its stock parts (ModelCheckpoint best + last, TensorBoard and CSV
+        # loggers, LR monitor, the same metrics; no bar): what the template's own code costs is the rest.
+        "stock_lightning": lambda: stock_lightning_run(E, 64, raw=tuned_loop, limit=p["limit"]),
     }
     options = [*VARIANTS, "torch_threads_1"]
     if p["options_in_one_run"]:
@@ -158,7 +167,8 @@ def bench_cpu(p: dict) -> dict:
         # still parse and train; each option's key then holds that run (it measures nothing anyway). bf16-mixed
         # runs apart: Lightning's mixed-precision plugin refuses gradient clipping with the fused AdamW.
         every = [a for k, v in VARIANTS.items() if k != "bf16_mixed" for a in v]
-        arms = {k: arms[k] for k in ("template", "template_vs_tuned_loop", "bf16_mixed", "bare_lightning")}
+        keep = ("template", "template_vs_tuned_loop", "bf16_mixed", "bare_lightning", "stock_lightning")
+        arms = {k: arms[k] for k in keep}
         arms["every_option"] = lambda: _threads(1, lambda: tmpl(extra=every))
     got: dict[str, list] = {k: [] for k in arms}
     for i in range(R):
@@ -206,6 +216,10 @@ def bench_cpu(p: dict) -> dict:
         "bare_lightning_per_epoch_overhead_ms": med(
             [x for b in got["bare_lightning"] for x in overheads_ms(b)[1]]
         ),
+        "stock_lightning_vs_tuned_loop": med([x for b in got["stock_lightning"] for x in epoch_ratios(b)]),
+        "stock_lightning_per_epoch_overhead_ms": med(
+            [x for b in got["stock_lightning"] for x in overheads_ms(b)[1]]
+        ),
         "template_warmup_epoch_seconds": med([t["epoch_seconds"][0] for t in t_runs]),
         "raw_warmup_epoch_seconds": med([t["raw"]["epoch_seconds"][0] for t in t_runs]),
         "template_steady_epoch_seconds": med([statistics.median(t["epoch_seconds"][1:]) for t in t_runs]),
@@ -218,13 +232,15 @@ def bench_cpu(p: dict) -> dict:
         for name in options
     }
     out["options"]["compile"] = _compile(p, tmpl)
-    # The template against Lightning's own ceiling (its loop doing the tuned loop's work, no features), both
-    # measured against the same tuned loop: the default (public API only), and with the opt-in door's speed-ups.
+    # The template against Lightning's own ceilings, each measured against the same tuned loop: its loop doing the
+    # tuned loop's work with no features (bare), and its stock parts doing the template's job (stock); the default
+    # (public API only), and with the opt-in door's speed-ups.
     thr, fast = out["throughput"], out["options"]["fast_cpu"]["ratio_vs_default"]
-    if thr["throughput_ratio_vs_tuned_loop"] and thr["bare_lightning_vs_tuned_loop"]:
-        ratio = thr["throughput_ratio_vs_tuned_loop"] / thr["bare_lightning_vs_tuned_loop"]
-        thr["template_vs_bare_lightning"] = round(ratio, 3)
-        thr["fast_cpu_template_vs_bare_lightning"] = round(ratio * fast, 3) if fast else None
+    for side in ("bare", "stock"):
+        if thr["throughput_ratio_vs_tuned_loop"] and thr[f"{side}_lightning_vs_tuned_loop"]:
+            ratio = thr["throughput_ratio_vs_tuned_loop"] / thr[f"{side}_lightning_vs_tuned_loop"]
+            thr[f"template_vs_{side}_lightning"] = round(ratio, 3)
+            thr[f"fast_cpu_template_vs_{side}_lightning"] = round(ratio * fast, 3) if fast else None
 
     # Data wait: runs of their own, with a per-step timer and a fetch-timing profiler (they cost every step).
     inst = [tmpl(raw=None, instrument=True) for _ in range(max(1, R // 2))]
@@ -486,6 +502,15 @@ def table(res: dict) -> str:
             "template / Lightning's loop alone (its ceiling), from the two ratios to the tuned loop: default "
             "(public API only) | with configs/fast_cpu.yaml",
             f"{t.get('template_vs_bare_lightning')} | {t.get('fast_cpu_template_vs_bare_lightning')}",
+        ),
+        (
+            "stock Lightning doing the template's job (ModelCheckpoint best + last, TensorBoard + CSV, LR monitor, "
+            "same metrics, no bar) / tuned loop; its overhead per epoch ms",
+            f"{t['stock_lightning_vs_tuned_loop']}; {t['stock_lightning_per_epoch_overhead_ms']}",
+        ),
+        (
+            "template / stock Lightning doing its job: default (public API only) | with configs/fast_cpu.yaml",
+            f"{t.get('template_vs_stock_lightning')} | {t.get('fast_cpu_template_vs_stock_lightning')}",
         ),
         (
             f"whole fit ({res['fit']['epochs']} epochs) s: template | hand-written loop, same work | ratio",

@@ -334,6 +334,99 @@ def bare_lightning_run(epochs: int, batch_size: int = 64, raw: dict | None = Non
     return clock.figures(trainer.num_training_batches, batch_size)
 
 
+class StockModule(BareModule):
+    """BareModule plus the template's logged metrics, written the stock Lightning way: the epoch's training loss
+    and accuracy from sums kept on the device (logged once per epoch, as the template does: a per-step self.log
+    would cost this side more), and torchmetrics objects for the validation loss, accuracy, top-5 and best
+    accuracy, handed to self.log. With `stock_lightning_run` it is Lightning's ceiling for the template's job."""
+
+    def __init__(self, loop: "RawLoop") -> None:
+        super().__init__(loop)
+        from torchmetrics import MaxMetric, MeanMetric
+        from torchmetrics.classification import MulticlassAccuracy
+
+        classes = loop.num_classes
+        self.val_loss, self.val_acc_best = MeanMetric(), MaxMetric()
+        self.val_acc = MulticlassAccuracy(num_classes=classes, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes=classes, average="micro", top_k=5)
+        self.sums, self.steps, self.samples = None, 0, 0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.model(x.contiguous(memory_format=self.loop.memory_format))
+        loss = self.loss_fn(logits, y)
+        sums = torch.stack((loss.detach(), (logits.argmax(1) == y).sum().to(loss.dtype)))
+        self.sums = sums if self.sums is None else self.sums + sums
+        self.steps, self.samples = self.steps + 1, self.samples + len(y)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train/loss", self.sums[0] / self.steps)
+        self.log("train/acc", self.sums[1] / self.samples)
+        self.sums, self.steps, self.samples = None, 0, 0
+
+    def on_validation_epoch_start(self) -> None:
+        pass  # BareModule's counters are not used here
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.model(x.contiguous(memory_format=self.loop.memory_format))
+        self.val_loss.update(self.loss_fn(logits, y), weight=len(y))
+        self.val_acc.update(logits, y)
+        self.val_acc5.update(logits, y)
+
+    def on_validation_epoch_end(self) -> None:
+        self.val_acc_best.update(self.val_acc.compute())
+        self.log("val/loss", self.val_loss)
+        self.log("val/acc", self.val_acc)
+        self.log("val/acc_top5", self.val_acc5)
+        self.log(
+            "val/acc_best", self.val_acc_best.compute()
+        )  # the metric objects: computed and reset by Lightning
+
+
+def stock_lightning_run(epochs: int, batch_size: int = 64, raw: dict | None = None, **loop: Any) -> dict:
+    """Lightning doing the template's job with its stock parts, on the tuned loop's model, optimizer, schedule and
+    loaders: StockModule's metrics, ModelCheckpoint (the best file by val/loss and last.ckpt at every epoch end),
+    TensorBoard and CSV loggers, a per-epoch LearningRateMonitor, deterministic as the config; no progress bar,
+    which the template draws (so this side has less to do). With `raw`, one raw-loop epoch before each of its
+    epochs (EpochClock), as template_run."""
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    side = RawLoop(epochs, batch_size, fused=True, channels_last=True, **loop)
+    clock = EpochClock(RawLoop(epochs, batch_size, **raw) if raw is not None else None)
+    with tempfile.TemporaryDirectory(prefix="bench-stock-") as tmp:
+        trainer = L.Trainer(
+            max_epochs=epochs,
+            limit_train_batches=side.steps,
+            limit_val_batches=1 if side.limit else None,
+            logger=[
+                TensorBoardLogger(tmp, name="", version="", default_hp_metric=False),
+                CSVLogger(tmp, name="", version=""),
+            ],
+            callbacks=[
+                clock,
+                ModelCheckpoint(
+                    dirpath=f"{tmp}/checkpoints",
+                    filename="best-{epoch:03d}",
+                    monitor="val/loss",
+                    mode="min",
+                    save_top_k=1,
+                    save_last=True,
+                ),
+                LearningRateMonitor(logging_interval="epoch"),
+            ],
+            log_every_n_steps=10,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            deterministic=True,
+        )
+        with contextlib.redirect_stdout(io.StringIO()):
+            trainer.fit(StockModule(side), side.train, side.val)
+    return clock.figures(trainer.num_training_batches, batch_size)
+
+
 def config_data_args() -> dict:
     """data.init_args of configs/default.yaml."""
     import yaml
@@ -378,6 +471,7 @@ class RawLoop:
         self.train, self.val, self.limit = dm.train_dataloader(), dm.val_dataloader(), limit
         # The batches as training gets them: normalised per batch, as the data module does after the transfer
         self.prepare = dm.on_after_batch_transfer
+        self.num_classes = dm.num_classes
         self.model = ConvNet(dm.num_classes, dm.in_channels, width=width)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.model.to(memory_format=self.memory_format)
