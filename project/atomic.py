@@ -2,9 +2,11 @@
 
 A temporary file in the target's own folder (so the rename is a rename, never a copy across filesystems), flushed
 and fsynced, then `os.replace`d over the target: atomic on POSIX, so a reader, a kill or a power loss sees the
-old file or the new one, never part of one. A failure removes the temporary file and raises. Used for
-checkpoints (project/checkpoint_io.py), summary.json, the ImageFolder index, prepared datasets' metadata and the
-sweep's files. Plain Python (no torch or Lightning): the tools that start fast import it too.
+old file or the new one, never part of one. A failure removes the temporary file and raises. Used for every
+file the package writes that something reads back (tests/test_layout.py checks): checkpoints
+(project/checkpoint_io.py), summary.json, report.png, the ImageFolder index, prepared datasets' metadata,
+exported models, predictions and the sweep's files. Plain Python (no torch or Lightning): the tools that start
+fast import it too.
 """
 
 import os
@@ -30,6 +32,23 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args) -> Itera
             yield f
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the rename makes it visible
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path next to `path`, for a writer that takes a file name rather than a file object (the ONNX
+    exporter); on a clean exit the file is fsynced and replaces `path`, as with atomic_write."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from project.atomic import atomic_path, atomic_write, write_text_atomic
 from project.checkpoint import allowed, check_class_paths, read_checkpoint
 from project.errors import ConfigError
 from project.inference import load_model, preprocessing_of
@@ -61,7 +62,7 @@ def export(
         :2
     ]  # traced with batch 2; checked with 1, 5 and 64: the axis is dynamic
 
-    (out / "preprocessing.json").write_text(json.dumps(prep.to_json(), indent=2) + "\n")
+    write_text_atomic(out / "preprocessing.json", json.dumps(prep.to_json(), indent=2) + "\n")
     # One torch.export trace serves both formats: model.pt2, and the ONNX conversion of the same program.
     program_path, runner, program = _export_program(model, example, out)
     # If torch.export failed, the ONNX exporter (built on it) would too: ONNX then comes from the trace.
@@ -77,12 +78,14 @@ def _export_onnx(source, example: Tensor, path: Path, opset: int) -> Path:
     names = {"input_names": ["images"], "output_names": ["logits"], "opset_version": opset}
     try:
         if isinstance(source, torch.export.ExportedProgram):  # carries its dynamic batch already
-            torch.onnx.export(source, (example,), str(path), **names, dynamo=True, external_data=False)
+            with atomic_path(path) as tmp:
+                torch.onnx.export(source, (example,), str(tmp), **names, dynamo=True, external_data=False)
         else:  # a traced ScriptModule: torch's TorchScript exporter (deprecated, but the only route left)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 batch = {"images": {0: "batch"}, "logits": {0: "batch"}}
-                torch.onnx.export(source, (example,), str(path), **names, dynamic_axes=batch, dynamo=False)
+                with atomic_path(path) as tmp:
+                    torch.onnx.export(source, (example,), str(tmp), **names, dynamic_axes=batch, dynamo=False)
     except ImportError as err:
         raise ConfigError(
             f"ONNX export needs the export extras: pip install -e '.[export]' ({err})."
@@ -104,7 +107,8 @@ def _export_program(model: nn.Module, example: Tensor, out: Path):
     try:
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
         path = out / "model.pt2"
-        torch.export.save(program, path)
+        with atomic_write(path, "wb") as f:
+            torch.export.save(program, f)
         return path, torch.export.load(path).module(), program
     except Exception as err:  # noqa: BLE001 - any tracing failure means: fall back
         first = (str(err).strip().splitlines() or [""])[0][:200]  # its full text is pages of hints
@@ -113,7 +117,9 @@ def _export_program(model: nn.Module, example: Tensor, out: Path):
         )
         path = out / "model.ts"
         with torch.no_grad():
-            torch.jit.save(torch.jit.trace(model, example), str(path))
+            traced = torch.jit.trace(model, example)
+        with atomic_write(path, "wb") as f:
+            torch.jit.save(traced, f)
         return path, torch.jit.load(str(path)), None
 
 

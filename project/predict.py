@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from project.atomic import atomic_write
 from project.checkpoint import allowed, read_checkpoint
 from project.errors import ConfigError
 from project.inference import load_model, preprocessing_of
@@ -79,7 +80,7 @@ def predict(
             topk = ";".join(f"{prep.class_names[i]}:{p:.4f}" for i, p in zip(idx, ps, strict=True))
             rows.append([str(f), prep.class_names[idx[0]], f"{ps[0]:.6f}", topk])
 
-    with out.open("w", newline="") as fh:
+    with atomic_write(out, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["path", "class", "probability", f"top{k}"])
         writer.writerows(rows)

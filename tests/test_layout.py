@@ -1,5 +1,6 @@
 """README "Layout" is the tree: every path it names exists, and every file of the package is under a row."""
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -50,3 +51,58 @@ def test_layout_names_existing_paths_and_covers_the_package():
             continue
         covered = any(path == n or (n.endswith("/") and path.startswith(n)) for n in named)
         assert covered, f"{path} has no row in README's Layout section: add it (one concept per file)"
+
+
+# Files written as streams, read only by people or after their writer ends: a log is never "replaced".
+STREAMS = {
+    ("project/cli.py", "open"): "resumes.jsonl, one line appended per resume",
+    ("project/sweep/check.py", "open"): "the dry run's console log, written by the child process as it runs",
+    ("project/sweep/worker.py", "open"): "a trial's log (appended across retries)",
+    ("project/data/chunks.py", "write_text"): "a temporary local copy uploaded to object storage",
+}
+
+
+def test_every_file_the_package_writes_goes_through_the_atomic_helper():
+    r"""project/atomic.py is the one writer of files something reads back (checkpoints, summary.json, configs,
+    indexes, reports): a write call anywhere else (write_text, write_bytes, open for writing, savefig or
+    torch.save on a path) is a torn file waiting for a kill, unless it is a stream listed in STREAMS."""
+    found = []
+    for path in sorted((ROOT / "project").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("project/atomic.py", "project/checkpoint_io.py"):  # the helper, and its checkpoint user
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("write_text", "write_bytes"):
+                found.append((rel, name, node.lineno))
+            elif name == "open":
+                modes = [a.value for a in node.args[1:2] if isinstance(a, ast.Constant)]
+                modes += [
+                    k.value.value
+                    for k in node.keywords
+                    if k.arg == "mode" and isinstance(k.value, ast.Constant)
+                ]
+                if isinstance(func, ast.Attribute) and not node.args and not modes:
+                    modes = ["r"]  # Path.open() reads
+                if any(set(str(m)) & set("wax+") for m in modes):
+                    found.append((rel, name, node.lineno))
+            elif name in ("save", "savefig") and node.args:
+                # the target: torch.save(obj, target), image.save(target), fig.savefig(target); a plain name is
+                # a file object (atomic_write's), a path expression or string is a direct write
+                target = node.args[1] if _is_torch_save(func) and len(node.args) > 1 else node.args[0]
+                if not isinstance(target, ast.Name):
+                    found.append((rel, name, node.lineno))
+    unexpected = [f"{rel}:{line} {name}()" for rel, name, line in found if (rel, name) not in STREAMS]
+    assert not unexpected, (
+        "these calls write a file without project/atomic.py (atomic_write / write_text_atomic): "
+        + ", ".join(unexpected)
+    )
+    listed = {(rel, name) for rel, name, _ in found}
+    assert listed >= set(STREAMS), f"STREAMS lists writes that are gone: {set(STREAMS) - listed}"
+
+
+def _is_torch_save(func) -> bool:
+    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "torch"

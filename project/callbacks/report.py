@@ -21,6 +21,8 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from project.atomic import atomic_write
+
 CURVES = ("train/loss", "val/loss", "train/acc", "val/acc")
 
 
@@ -154,7 +156,8 @@ class RunReport(Callback):
         run_dir.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
-        Image.fromarray(image).save(run_dir / self.filename)
+        with atomic_write(run_dir / self.filename, "wb") as f:
+            Image.fromarray(image).save(f, format="PNG")
         for logger in trainer.loggers:
             _log_image(logger, image, trainer.global_step)
 

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from lightning.pytorch.callbacks import Callback
 
+from project.atomic import write_text_atomic
 from project.errors import ConfigError
 from project.sweep.space import SweepSpace, base_values, nest
 
@@ -167,7 +168,7 @@ class ReportedMetrics(Callback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and not Path(self.path).exists():
-            Path(self.path).write_text(json.dumps(sorted(trainer.callback_metrics)))
+            write_text_atomic(self.path, json.dumps(sorted(trainer.callback_metrics)))
 
 
 def reported_metrics(configs: list[str], overlay: dict, threads: str | None) -> list[str]:
@@ -180,7 +181,7 @@ def reported_metrics(configs: list[str], overlay: dict, threads: str | None) -> 
         tree = nest(overlay)
         record = {"class_path": f"{__name__}.ReportedMetrics", "init_args": {"path": str(names_path)}}
         tree.setdefault("trainer", {})["callbacks+"] = [record]
-        config.write_text(yaml.safe_dump(tree, sort_keys=False))
+        write_text_atomic(config, yaml.safe_dump(tree, sort_keys=False))
         command = [sys.executable, "-m", "project", "fit"]
         command += [arg for c in configs for arg in ("--config", c)] + ["--config", str(config)]
         command += ["--trainer.fast_dev_run", "1", "--trainer.devices", "1", "--trainer.num_nodes", "1"]

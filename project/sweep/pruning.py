@@ -21,6 +21,7 @@ from pathlib import Path
 import optuna
 from optuna_integration import PyTorchLightningPruningCallback
 
+from project.atomic import write_text_atomic
 from project.sweep.worker import PRUNED_FILE
 
 DDP_PRUNED_KEY = "ddp_pl:pruned"  # optuna-integration's system attribute under DDP
@@ -67,7 +68,7 @@ class TrialPruning(PyTorchLightningPruningCallback):
     def _write(self, trainer, epoch: int) -> None:
         value = trainer.callback_metrics.get(self.monitor)
         path = Path(trainer.default_root_dir) / PRUNED_FILE
-        path.write_text(
-            json.dumps({"epoch": epoch, self.monitor: float(value) if value is not None else None})
+        write_text_atomic(
+            path, json.dumps({"epoch": epoch, self.monitor: float(value) if value is not None else None})
         )
         sys.stdout.flush()

@@ -137,7 +137,8 @@ def plot(study: optuna.Study, path: Path, metric: str) -> None:
     import matplotlib.pyplot as plt
 
     fig = figure(study, metric)
-    fig.savefig(path, dpi=100)
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
 
 

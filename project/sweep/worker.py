@@ -30,6 +30,7 @@ import yaml
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
+from project.atomic import write_text_atomic
 from project.sweep.space import SweepSpace, nest
 from project.sweep.storage import requeue_dead_trial
 
@@ -120,7 +121,7 @@ def make_objective(sweep: Sweep, study: optuna.Study):
         ):
             trial.set_user_attr(key, value)
         config = run_dir / TRIAL_CONFIG
-        config.write_text(yaml.safe_dump(trial_config(sweep, params, trial.number), sort_keys=False))
+        write_text_atomic(config, yaml.safe_dump(trial_config(sweep, params, trial.number), sort_keys=False))
         (run_dir / PRUNED_FILE).unlink(missing_ok=True)
         print(f"Trial {trial.number}: {run_dir} ({TRIAL_LOG} there)", flush=True)
         with open(run_dir / TRIAL_LOG, "ab") as log:
