@@ -1,5 +1,5 @@
 """The optimizer a module's config names, built on its parameter groups: torch's fused Adam/AdamW kernel where it
-applies (and Lightning allows it), the configured optimizer as it is everywhere else."""
+applies (and Lightning allows it), the configured optimizer as it is everywhere else; its lr scaled for DDP."""
 
 import inspect
 
@@ -52,3 +52,22 @@ def fused_supported(groups: list[dict]) -> bool:
     """Whether torch's fused Adam/AdamW kernel can update these parameters (floating point, on CPU or CUDA)."""
     params = [p for g in groups for p in g["params"]]
     return bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+
+
+def lr_scale(lr_scaling: str, world_size: int) -> int:
+    """The factor on every group's lr: the world size under `lr_scaling: linear` (the linear scaling rule for a
+    global batch that grows with the processes), else 1."""
+    return world_size if lr_scaling == "linear" else 1
+
+
+def configured_lr(optimizer: OptimizerCallable) -> float:
+    """The lr an optimizer config sets, before any scaling: that of one built on a stand-in parameter."""
+    return optimizer([torch.nn.Parameter(torch.zeros(1))]).defaults["lr"]
+
+
+def scale_lr(optimizer: Optimizer, scale: float) -> None:
+    """Multiply every group's lr (and the default) by `scale`; call it before a scheduler records the peaks."""
+    if scale != 1:
+        for group in optimizer.param_groups:
+            group["lr"] *= scale
+        optimizer.defaults["lr"] *= scale
