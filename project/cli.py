@@ -14,6 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import yaml
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ProgressBar
@@ -105,16 +106,6 @@ class ProjectCLI(LightningCLI):
         if ckpt_path and str(ckpt_path) not in run_dir.LIGHTNING_CKPT_NAMES:
             read_checkpoint(ckpt_path, mmap=True)
 
-    def _dump_config(self) -> None:
-        # Lightning records the module's hyperparameters from this dump, then writes each linked value (num_classes,
-        # in_channels) into it at "model.init_args.<arg>". A nested class whose every argument is linked is dumped
-        # without an init_args key, and Lightning's writer then failed an assertion ("Expected key
-        # model.init_args.num_classes to be in data"): a user model taking only num_classes and in_channels crashed.
-        first = not hasattr(self, "config_dump")
-        super()._dump_config()
-        if first:
-            _add_missing_init_args(self.config_dump)
-
     def before_instantiate_classes(self) -> None:
         # The parsed config is completed here, before any class is built: flags that add callbacks first, then
         # the run directory, which every writer in the config is pointed at (project/run_dir.py).
@@ -126,11 +117,18 @@ class ProjectCLI(LightningCLI):
         if subcommand == "fit" and config.get("checkpoint_every_n_steps"):
             step_checkpoint(trainer.callbacks, config.checkpoint_every_n_steps)
         run_dir.prepare(config, subcommand, command_line=self.parsed_sys_argv)
+        # Last, as the config is now built from: Lightning records the module's hyperparameters from
+        # `self.config_dump` (it dumps the config itself only when none is set), then writes each linked value
+        # (num_classes, in_channels) into it at "model.init_args.<arg>". A nested class whose every argument is
+        # linked is dumped without an init_args key, and Lightning's writer then failed an assertion ("Expected key
+        # model.init_args.num_classes to be in data"): a user model taking only num_classes and in_channels crashed.
+        self.config_dump = hyperparameter_dump(self.parser, self.config)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         # `--trainer.enable_progress_bar false` wins over the bar in the YAML's callbacks (the Trainer would refuse
         # the pair): the instantiated callbacks are checked by type, whatever class path named them.
-        trainer = self._get(self.config_init, "trainer", default={})
+        config = self.config_init.get(str(self.subcommand), self.config_init)  # the subcommand's part, if any
+        trainer = config.get("trainer", {})
         if trainer.get("enable_progress_bar") is False:
             trainer["callbacks"] = [
                 c for c in trainer.get("callbacks") or [] if not isinstance(c, ProgressBar)
@@ -224,6 +222,16 @@ def constructor_parameters(class_path: str) -> set[str]:
         if not any(p.kind == p.VAR_KEYWORD for p in parameters):
             break
     return named
+
+
+def hyperparameter_dump(parser, config: Namespace) -> dict:
+    """The config as LightningCLI dumps it to record hyperparameters (link targets and None values kept; the
+    subcommand's part), with an init_args mapping in every {class_path: ...} node."""
+    dump = yaml.safe_load(parser.dump(config, skip_link_targets=False, skip_none=False, format="yaml"))
+    if "subcommand" in config:
+        dump = dump[config.subcommand]
+    _add_missing_init_args(dump)
+    return dump
 
 
 def _add_missing_init_args(node) -> None:

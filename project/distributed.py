@@ -62,14 +62,33 @@ def share_cpu_threads(trainer) -> None:
         torch.set_num_threads(max(1, cores // max(1, trainer.num_devices)))
 
 
+def process_group_backend(strategy) -> str:
+    """The process group's backend: the one in use once the group exists, else the one the strategy will ask for.
+
+    Before `trainer.fit` sets up DDP (where the CLI prints the world) no group exists and the strategy's
+    `process_group_backend` is None unless configured: Lightning then takes torch's default for the root device
+    (`Backend.default_device_backend_map`: gloo on CPU, nccl on CUDA), and gloo for any device it does not list.
+    """
+    configured = getattr(strategy, "process_group_backend", None)
+    if configured:
+        return str(configured)
+    if not torch.distributed.is_available():
+        return "?"
+    if torch.distributed.is_initialized():
+        return str(torch.distributed.get_backend())
+    device = getattr(strategy, "root_device", None)
+    if device is None:
+        return "?"
+    return torch.distributed.Backend.default_device_backend_map.get(device.type, "gloo")
+
+
 def describe_world(trainer, batch_size: int | None, lr: float | None) -> str:
-    """'DDP: world size 2 = 2 processes x 1 node on CPU (gloo) ...', printed by rank 0 at fit start."""
+    """'DDPStrategy: world size 2 = 2 per node x 1 node, CPU processes with gloo (no GPU in use). ...', printed by
+    rank 0 before fit."""
     strategy = trainer.strategy
     devices, nodes = trainer.num_devices, trainer.num_nodes
     accelerator = type(trainer.accelerator).__name__.replace("Accelerator", "")
-    backend = getattr(strategy, "process_group_backend", None) or (
-        strategy._get_process_group_backend() if hasattr(strategy, "_get_process_group_backend") else "?"
-    )
+    backend = process_group_backend(strategy)
     where = f"{accelerator} devices, {backend} backend"
     if accelerator == "CPU":
         where = f"CPU processes with {backend} (no GPU in use)"

@@ -95,7 +95,7 @@ class ClassificationModule(L.LightningModule):
         if self.hparams.get("compile") and not self._model_compiled:
             self.model.compile()  # lazy: dynamo traces on the first forward
             self._model_compiled = True
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        datamodule = self.attached_trainer().datamodule if self.attached_trainer() else None
         # A data module that checked every label once (project/data/validate.py) spares torchmetrics' per-batch
         # check; CrossEntropy still raises on labels outside [0, num_classes) other than its ignore_index, -100.
         labels_checked = getattr(datamodule, "labels_checked", False) is True
@@ -187,10 +187,18 @@ class ClassificationModule(L.LightningModule):
             {"name": "no_decay", "params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
         ]
 
+    def attached_trainer(self) -> "L.Trainer | None":
+        """The Trainer running this module, or None when it is used on its own (a test, an export)."""
+        try:
+            return self.trainer
+        except RuntimeError:  # Lightning: "... is not attached to a `Trainer`"
+            return None
+
     def configure_optimizers(self):
-        allow_fused = not optim.clips_under_amp(self._trainer)
+        trainer = self.attached_trainer()
+        allow_fused = not optim.clips_under_amp(trainer)
         optimizer = optim.build_optimizer(self.optimizer, self.param_groups(), allow_fused=allow_fused)
-        world_size = self._trainer.world_size if self._trainer is not None else 1
+        world_size = trainer.world_size if trainer is not None else 1
         optim.scale_lr(optimizer, self.lr_scale(world_size))  # before the scheduler records each group's peak
         if self.scheduler is None:
             return optimizer

@@ -296,3 +296,25 @@ def test_the_replay_comparison_catches_a_sum_instead_of_a_mean():
         f"\nloss x2 (a sum over 2 ranks instead of the mean) after 5 steps: max abs weight difference {diff:.2e}"
     )
     assert differ  # every weight moved differently; the bias of a layer may by chance not
+
+
+def test_the_world_line_names_the_backend_before_the_process_group_exists(no_launcher):
+    # The CLI prints the world before trainer.fit sets up DDP: no process group yet, and the strategy's
+    # process_group_backend still None. The backend named must be the one DDP then starts, not "None" or "?".
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from project.distributed import describe_world, process_group_backend
+
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False)
+    assert not torch.distributed.is_initialized() and trainer.strategy.process_group_backend is None
+    assert describe_world(trainer, 32, 0.003) == (
+        "DDPStrategy: world size 2 = 2 per node x 1 node, CPU processes with gloo (no GPU in use). "
+        "Per-device batch 32, effective global batch 64. Peak lr 0.003."
+    )
+    cuda = DDPStrategy(parallel_devices=[torch.device("cuda", 0), torch.device("cuda", 1)])
+    configured = DDPStrategy(parallel_devices=[torch.device("cpu")] * 2, process_group_backend="nccl")
+    for strategy in (trainer.strategy, cuda, configured):
+        # The rule Lightning's DDP setup applies (a private method: read here only, to catch a change of it).
+        assert process_group_backend(strategy) == strategy._get_process_group_backend()
+    assert [process_group_backend(s) for s in (cuda, configured)] == ["nccl", "nccl"]

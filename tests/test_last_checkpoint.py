@@ -14,6 +14,7 @@ import inspect
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,17 +166,10 @@ def test_one_callback_writes_every_checkpoint_whatever_the_trigger(in_tmp, monke
     assert last["global_step"] == 10
 
 
-# Private names project/callbacks still uses, and why each has no public equivalent. Everything else there goes
-# through Lightning's and torch's public API, so a Lightning upgrade cannot silently change what it relies on.
-PRIVATE_NAMES_ALLOWED = {
-    # GradScaler's own check op: sets a device flag at a non-finite value with no host read (no public op does).
-    ("nonfinite_loss.py", "_amp_foreach_non_finite_check_and_unscale_"),
-    # How torch's fused optimizers say they read `found_inf` (GradScaler asks the same attribute).
-    ("nonfinite_loss.py", "_step_supports_amp_scaling"),
-    # SummaryWriter.add_hparams writes into a new sub-run folder; the run's own file writer keeps the record
-    # beside the run's scalars.
-    ("log_config.py", "_get_file_writer"),
-}
+# Private names project/callbacks may use, each with why it has no public equivalent: none today. Everything there
+# goes through Lightning's and torch's public API, so a Lightning or torch upgrade cannot silently change what it
+# relies on.
+PRIVATE_NAMES_ALLOWED: set[tuple[str, str]] = set()
 
 
 def _lightning_private_names(module) -> set[str]:
@@ -188,6 +182,8 @@ def _lightning_private_names(module) -> set[str]:
         for base in cls.__mro__:
             if base.__module__.startswith("lightning"):
                 names |= set(dir(base))
+                if base.__name__ == "LightningCLI":  # built without arguments it parses sys.argv and exits
+                    continue
                 try:
                     names |= set(vars(base()))
                 except Exception:  # needs arguments: its class attributes only
@@ -203,7 +199,8 @@ def private_uses(path) -> list[tuple[int, str]]:
     import importlib
 
     tree = ast.parse(path.read_text())
-    module = importlib.import_module(f"project.callbacks.{path.stem}")
+    root = Path(__file__).resolve().parent.parent
+    module = importlib.import_module(".".join(path.resolve().relative_to(root).with_suffix("").parts))
     lightning = _lightning_private_names(module)
     own = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
     own |= {
@@ -250,3 +247,34 @@ def test_callbacks_use_no_private_lightning_or_torch_name():
     assert {(f, n) for f, _, n in used} <= PRIVATE_NAMES_ALLOWED, sorted(
         u for u in used if (u[0], u[2]) not in PRIVATE_NAMES_ALLOWED
     )
+
+
+# The package outside the opt-in door (project/perf/), as the issue's `grep -rn "\._[a-z]" project/` asks: the
+# private names left, each guarded and each for a missing public API.
+PACKAGE_PRIVATE_NAMES_ALLOWED = {
+    # Whether LightningCLI is building the module (no public way to ask); an ImportError answers "built in code".
+    ("project/versions.py", "_given_hyperparameters"),
+    # litdata's filesystem provider for s3:// and gs:// URLs, the one its own reader uses (no public factory).
+    ("project/data/chunks.py", "_get_fs_provider"),
+    # litdata's parser of "64MB"-style chunk sizes, so `--chunk_bytes` means what litdata's own argument means.
+    ("project/prepare.py", "_convert_bytes_to_int"),
+    # litdata's object-store client options: allow_http for an http:// endpoint (a local MinIO or moto server).
+    ("project/data/chunks.py", "_OBSTORE_CLIENT_OPTIONS"),
+    # litdata's count of samples its loader has yielded (what its own state_dict saves; no public accessor): the
+    # streaming loader's subclass learns from it which block ends the epoch.
+    ("project/data/stream_loader.py", "_num_samples_yielded_streaming"),
+}
+
+
+def test_the_package_uses_no_private_name_of_another_library_outside_the_opt_in_door():
+    root = Path(__file__).resolve().parent.parent
+    used = set()
+    for path in sorted((root / "project").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("project/perf/") or path.name == "__main__.py":  # the door; __main__ runs the CLI
+            continue
+        used |= {(rel, line, name) for line, name in private_uses(path)}
+    assert {(f, n) for f, _, n in used} <= PACKAGE_PRIVATE_NAMES_ALLOWED, sorted(
+        u for u in used if (u[0], u[2]) not in PACKAGE_PRIVATE_NAMES_ALLOWED
+    )
+    assert {(f, n) for f, _, n in used} == PACKAGE_PRIVATE_NAMES_ALLOWED, "an allowed name is no longer used"

@@ -165,6 +165,38 @@ def test_make_tensorboard_serves_the_run(finished_run, tmp_path):
 
 
 @pytest.mark.claim("hparams-in-tensorboard")
+@pytest.mark.parametrize("open_writer", [True, False], ids=["writer-open", "writer-closed"])
+def test_the_hparams_record_goes_once_into_the_run_folder_beside_its_scalars(tmp_path, open_writer):
+    """The record TensorBoard's HPARAMS tab reads: in the run's own folder (a sub-folder is a second run, without
+    the run's scalars), the metrics named but not logged again. After test the SummaryWriter has a file open; at
+    fit end without test Lightning may have closed it."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from torch.utils.tensorboard import SummaryWriter
+
+    from project.callbacks.log_config import _write_hparams
+
+    writer = SummaryWriter(tmp_path)
+    writer.add_scalar("test/acc", 0.9, 10)
+    if not open_writer:
+        writer.close()  # as TensorBoardLogger.finalize leaves it
+    _write_hparams(writer, {"model": "Net", "lr": 0.01}, {"test/acc": 0.9}, 10)
+    writer.close()
+    assert all(p.is_file() for p in tmp_path.iterdir()), list(tmp_path.rglob("*"))
+    tags = [
+        value.tag
+        for path in sorted(tmp_path.iterdir())
+        for event in EventFileLoader(str(path)).Load()
+        for value in event.summary.value
+    ]
+    assert sorted(tags) == [
+        "_hparams_/experiment",
+        "_hparams_/session_end_info",
+        "_hparams_/session_start_info",
+        "test/acc",
+    ]
+
+
+@pytest.mark.claim("hparams-in-tensorboard")
 def test_key_hyperparameters_name_what_changed():
     defaults = {
         "seed_everything": 0,

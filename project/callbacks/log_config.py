@@ -105,12 +105,7 @@ class LogConfig(SaveConfigCallback):
         )
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                from torch.utils.tensorboard.summary import hparams
-
-                writer = logger.experiment._get_file_writer()
-                for record in hparams(params, metrics):
-                    writer.add_summary(record, trainer.global_step)
-                writer.flush()
+                _write_hparams(logger.experiment, params, metrics, trainer.global_step)
             elif isinstance(logger, WandbLogger):
                 logger.log_hyperparams(params)
 
@@ -131,6 +126,25 @@ class LogConfig(SaveConfigCallback):
                 )
                 self._default_config = {}
         return self._default_config
+
+
+def _write_hparams(experiment, params: dict, metrics: dict, step: int) -> None:
+    """The HPARAMS record into the run's own folder, beside its scalars (SummaryWriter.add_hparams would write a
+    sub-folder, a second run, with the metrics logged again): into the event file the SummaryWriter has open (its
+    public `file_writer`), or a new one in the same folder when it has none open (Lightning closes it at fit end)."""
+    from torch.utils.tensorboard import FileWriter
+    from torch.utils.tensorboard.summary import hparams
+
+    writer = experiment.file_writer
+    own = writer is None
+    if own:
+        writer = FileWriter(experiment.get_logdir())
+    for record in hparams(params, metrics):
+        writer.add_summary(record, step)
+    if own:
+        writer.close()
+    else:
+        writer.flush()
 
 
 def _log_best(logger, best: dict, step: int) -> None:

@@ -25,13 +25,12 @@ class NonFiniteLossGuard(Callback):
     but costs several times the step (configs/debug/detect_anomaly.yaml); EarlyStopping(check_finite=True) reads
     a logged metric, after the NaN step has already moved the weights.
 
-    How, per step, all on the device (3 small ops, no Python float): the loss goes into this window's slot of a
-    buffer, GradScaler's own check op (`torch._amp_foreach_non_finite_check_and_unscale_`, which only ever sets
-    it) turns a sticky flag `found` to 1.0 at the first non-finite value, and the flag's value is kept beside the
-    loss. Before the optimizer step:
+    How, per step, all on the device (a few small ops, no Python float): the loss goes into this window's slot
+    of a buffer, a sticky flag `found` becomes 1.0 at the first non-finite value (an elementwise maximum: it only
+    ever rises), and the flag's value is kept beside the loss. Before the optimizer step:
 
-    - optimizers with `found_inf` support (torch's fused AdamW/Adam/SGD, `_step_supports_amp_scaling`: the
-      default fused AdamW) get `optimizer.found_inf = found`, the flag GradScaler hands them: the fused kernel
+    - fused optimizers (`fused=True` in their defaults: torch's fused AdamW/Adam/SGD, the default fused AdamW)
+      get `optimizer.found_inf = found`, the flag GradScaler hands them: the fused kernel
       leaves parameters, moments and step count untouched when it is set. From the first bad batch on every
       update is skipped, so the weights stay those of the last good step.
     - any other optimizer (or a GradScaler run, `16-mixed`, whose scaler replaces `found_inf` with its own
@@ -66,11 +65,10 @@ class NonFiniteLossGuard(Callback):
 
     def on_train_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
         n, device = self.check_every_n_steps, pl_module.device
-        # Per step 3 small device ops and no Python float: a copy of the loss into this window's slot, the sticky
-        # flag (1.0 from the first non-finite value on: GradScaler's own check op, which only ever sets it), and
-        # a copy of the flag into the slot's history. The check reads the window on the host.
+        # Per step a few small device ops and no Python float: a copy of the loss into this window's slot, the
+        # sticky flag (1.0 from the first non-finite value on), and a copy of the flag into the slot's history.
+        # The check reads the window on the host.
         self._found = torch.zeros((), dtype=torch.float32, device=device)
-        self._one = torch.ones((), dtype=torch.float32, device=device)
         losses = torch.zeros(n, dtype=torch.float32, device=device)
         history = torch.zeros(n, dtype=torch.float32, device=device)
         self._buffers = (losses, history)
@@ -91,7 +89,7 @@ class NonFiniteLossGuard(Callback):
         i = len(self._where) - 1
         slot = self._loss_slots[i]
         slot.copy_(loss.detach().sum())  # a non-finite element keeps the sum non-finite
-        torch._amp_foreach_non_finite_check_and_unscale_([slot], self._found, self._one)
+        self._raise_flag(slot)
         self._found_slots[i].copy_(self._found)
 
     def on_before_optimizer_step(
@@ -103,13 +101,17 @@ class NonFiniteLossGuard(Callback):
             # After DDP's all-reduce the gradients are the same on every rank: so is this part of the flag.
             grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             if grads:
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found, self._one)
+                self._raise_flag(torch.nn.utils.get_total_norm(grads))  # non-finite if any gradient is
                 self._found_slots[len(self._where) - 1].copy_(self._found)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        if getattr(optimizer, "_step_supports_amp_scaling", False) and scaler is None:
+        if optimizer.defaults.get("fused") is True and scaler is None:
             optimizer.found_inf = self._found  # read by the fused kernel after this hook
         else:
             self._check(trainer)  # the fallback: one host read (and DDP all-reduce) per step
+
+    def _raise_flag(self, value: torch.Tensor) -> None:
+        """Set the sticky flag (in place: fused optimizers hold it) when `value` is not finite."""
+        torch.maximum(self._found, value.isfinite().logical_not().float(), out=self._found)
 
     def on_train_batch_end(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int

@@ -12,7 +12,6 @@ validation and test in order, every sample seen once across the ranks (Unrepeate
 project/data/datamodule.py.
 """
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -89,8 +88,7 @@ class DatasetDataModule(ClassificationData):
         self.class_names = _class_names(train, num_classes)
         # The count found, not None: Lightning refuses a module and a data module whose hparams share a key
         # (num_classes) with different values, and the checkpoint rebuilds the same data module either way.
-        self.hparams.num_classes = len(self.class_names)
-        self._hparams_initial = copy.deepcopy(self._hparams)  # what Lightning compares and logs
+        self.save_hyperparameters({**self.hparams, "num_classes": len(self.class_names)})
         self.input_shape = _attribute(train, "input_shape")
         self.input_shape = tuple(self.input_shape) if self.input_shape is not None else None
         self.in_channels = _attribute(train, "in_channels")

@@ -321,7 +321,7 @@ def create_study(name: str, storage, direction: str, space, configs: list[str], 
 
 def run_workers(argv: list[str], workers: int, threads: str | None) -> int:
     """`workers` copies of this command with --workers 1 and their own --worker_index; each runs its trials."""
-    from project.sweep.worker import _die_with_parent
+    from project.sweep.worker import die_with_parent
 
     base = [
         sys.executable,
@@ -338,7 +338,7 @@ def run_workers(argv: list[str], workers: int, threads: str | None) -> int:
         subprocess.Popen(
             [*base, "--no_report", "--checked", "--workers", "1", "--worker_index", str(k)],
             env=env,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
         for k in range(workers)
     ]

@@ -40,6 +40,7 @@ class TrialPruning(PyTorchLightningPruningCallback):
             study_name=study_name, storage=opened, pruner=load_space(space).build_pruner()
         )
         study_id = opened.get_study_id_from_name(study_name)
+        self._storage = opened
         self._trial_id = opened.get_trial_id_from_study_id_trial_number(study_id, trial_number)
         super().__init__(optuna.trial.Trial(study, self._trial_id), monitor)
 
@@ -61,7 +62,7 @@ class TrialPruning(PyTorchLightningPruningCallback):
             print(f"\n{pruned} The sweep marks it pruned.", flush=True)
             raise SystemExit(0) from None  # Lightning tears down on any BaseException, then the process ends
         if self.is_ddp_backend and trainer.should_stop and trainer.is_global_zero:
-            attrs = self._trial.storage.get_trial_system_attrs(self._trial_id)
+            attrs = self._storage.get_trial_system_attrs(self._trial_id)
             if attrs.get(DDP_PRUNED_KEY):
                 self._write(trainer, pl_module.current_epoch)
 

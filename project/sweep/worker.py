@@ -97,7 +97,7 @@ def trial_env(sweep: Sweep) -> dict:
     return env
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the trial process: SIGTERM when the worker dies, even by kill -9 (Linux prctl PR_SET_PDEATHSIG); the
     trial's GracefulStop then saves last.ckpt and exits. Elsewhere the trial runs to its end, unreported."""
     try:
@@ -130,7 +130,7 @@ def make_objective(sweep: Sweep, study: optuna.Study):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=trial_env(sweep),
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
             )
             try:
                 code = process.wait()
