@@ -58,8 +58,9 @@ help:  ## list the targets
 $(PY):
 	$(PYTHON) -m venv $(ENV_DIR)
 
-# Bytecode is compiled at install time (pip's default): without .pyc files, importing torch + lightning
-# takes ~20 s instead of ~7 s when PYTHONDONTWRITEBYTECODE is set.
+# Bytecode is compiled at install time (pip's default): without .pyc files (PYTHONDONTWRITEBYTECODE set),
+# importing torch + lightning compiles them at every start and takes about three times as long
+# (docs/performance-history.md).
 ifeq ($(INSTALL),0)
 .PHONY: $(STAMP)
 $(STAMP):

@@ -1,9 +1,9 @@
 """`python -m project <command>`: the tools run on their own, everything else is LightningCLI (project/cli.py).
 
 `predict` and `export` need no Trainer: they are dispatched here, before project/cli.py (and with it lightning,
-torchmetrics and the rest of the training stack, ~4 s of imports on 2 CPU cores) is imported, so that a tool
-starts as fast as torch itself. `doctor` is a tool too; it parses the config with the CLI's own parser, so it
-imports project/cli.py itself.
+torchmetrics and the rest of the training stack, seconds of imports) is imported, so that a tool starts as fast
+as torch itself (docs/performance.md "Start-up of predict and export"). `doctor` is a tool too; it parses the
+config with the CLI's own parser, so it imports project/cli.py itself.
 """
 
 import importlib

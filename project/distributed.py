@@ -54,8 +54,9 @@ def quiet_non_zero_ranks() -> None:
 def share_cpu_threads(trainer) -> None:
     """CPU DDP: split the cores between this node's processes, unless OMP_NUM_THREADS says otherwise.
 
-    Each process would otherwise run one intra-op thread per core: 2 processes on 2 cores ran 300 steps in 135 s
-    instead of ~40 s. (torchrun sets OMP_NUM_THREADS=1 itself when it starts several processes per node.)
+    Each process would otherwise run one intra-op thread per core, and processes oversubscribing the cores made a
+    run several times slower (docs/performance-history.md). (torchrun sets OMP_NUM_THREADS=1 itself when it starts
+    several processes per node.)
     """
     if type(trainer.accelerator).__name__ == "CPUAccelerator" and "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

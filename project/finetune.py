@@ -6,7 +6,7 @@ running statistics keep the pretrained values), be unfrozen at an epoch, and tra
 lower, learning rate in separate parameter groups: `backbone`, `backbone_no_decay`, `head`, `head_no_decay`.
 
 Not Lightning's BaseFinetuning/BackboneFinetuning callbacks, for two reasons checked by running them (lightning
-2.6.6, torch 2.14.1, 2026-12-01; tests/test_finetune.py keeps checking both):
+2.6.6, torch 2.14.1; tests/test_finetune.py keeps checking both):
 - `BaseFinetuning.freeze_module` sets BatchNorm's `track_running_stats=False`. The Trainer keeps the model in
   train mode, and a BatchNorm in train mode without tracked statistics normalises with each batch's own
   statistics: a frozen layer's output then differs from the pretrained model's (which uses the stored running

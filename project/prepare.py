@@ -336,7 +336,7 @@ def prepare(
                 mode=mode,
                 keep_data_ordered=True,  # the same chunks for the same settings, run after run
                 reorder_files=False,
-                start_method="fork",  # workers inherit the imports: spawn re-imported torch in each (~90 s on 2 busy cores)
+                start_method="fork",  # workers inherit the imports: spawn re-imported torch in each, for every split
                 verbose=True,  # litdata's progress bar
             )
             have = index_samples(split_dir)

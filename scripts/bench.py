@@ -1,7 +1,7 @@
 """`make bench`: the template against a hand-written PyTorch loop, side by side in one process.
 
-    python scripts/bench.py            # full: 5 runs for the headline ratios, 3 for the rest (<= 10 min, 2 cores)
-    python scripts/bench.py --quick    # 2 repeats, fewer sizes (~1-2 min)
+    python scripts/bench.py            # full: 5 runs for the headline ratios, 3 for the rest (sized for <= 10 min)
+    python scripts/bench.py --quick    # 2 repeats, fewer sizes (sized for <= 2 min; bench_seconds says how long)
     python scripts/bench.py --smoke    # 1 repeat, 2 batches per epoch, options in 2 runs: every key, no measure
     python scripts/bench.py --gpu      # ResNet-18 on CIFAR-shaped data on CUDA (scripts/bench_gpu.py)
 
@@ -26,12 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 
 PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dataset sizes, default runs
-    # The full profile's repeats, from its own noise (docs/performance.md "Performance", 2026-12-01, load ~1): epoch-pair
-    # ratios spread with an IQR of ~0.04 (sd ~0.03), so the median of n pairs has a standard error of ~0.04/sqrt(n).
-    # The headline ratios keep 5 runs (20 pairs: ~0.009); options, compile and the other batch sizes take 3
-    # (12 pairs: ~0.011), enough for effects of a few percent (the options measured so far: x0.16-x0.94, or
-    # within 1% of x1 either way); the default run's figures are a deterministic accuracy and wall times
-    # whose run-to-run spread was under 5% (3 runs).
+    # The full profile's repeats, from its own noise (the spread of its epoch-pair ratios, docs/performance.md
+    # "Performance"): the median of n pairs has a standard error of order sd/sqrt(n). The headline ratios keep 5
+    # runs (20 pairs); options, compile and the other batch sizes take 3 (12 pairs), whose standard error stays
+    # below the effects of a few percent that an option is kept or dropped for; the default run's figures are a
+    # deterministic accuracy and wall times that vary little from run to run (docs/performance-history.md).
     "full": dict(
         repeats=5,
         epochs=5,
@@ -325,7 +324,8 @@ def _fit(p: dict, lim: list[str]) -> dict:
 def _metric_update_ms(batch_size: int, n: int = 200) -> float:
     """Milliseconds of the template's per-step training metric work (ClassificationModule._add_to_train_sums: the
     loss and the correct predictions added to two sums on the device) on one batch of logits: work the raw loop does
-    not do. (torchmetrics' MeanMetric + MulticlassAccuracy updates, per step until 2026-12-01, took 0.14-0.33 ms.)"""
+    not do. (It replaced torchmetrics' MeanMetric + MulticlassAccuracy updates per step, many times its cost:
+    docs/performance-history.md, round 4.)"""
     import torch
 
     from project.module import ClassificationModule
@@ -348,8 +348,8 @@ def _iqr(xs: list[float]) -> list[float] | None:
 
 
 def _threads(n: int, fn):
-    """Run fn with n intra-op threads. On 2 cores shared with other jobs, 2 threads ran the ConvNet step at
-    450-1100 ms and 1 thread at ~55 ms (OpenMP workers waiting for a busy core): worth knowing per machine."""
+    """Run fn with n intra-op threads. On cores shared with other jobs, OpenMP workers wait for a busy core and
+    more threads can run a step many times slower (docs/performance-history.md): worth knowing per machine."""
     import torch
 
     before = torch.get_num_threads()

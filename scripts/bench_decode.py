@@ -142,8 +142,8 @@ def generate(n: int, root: Path = DATA) -> list[Path]:
         try:
             pool.map(_write, [(s, min(n, s + step), str(root)) for s in range(0, n, step)])
             # The workers exit on their own: `with Pool` ends with terminate(), a SIGTERM to each worker, and once
-            # (a fresh-clone CI run, 2026-12-02, in the test process of `make test`) one never exited and its join
-            # hung until the test's 600 s timeout.
+            # (a fresh-clone CI run, in the test process of `make test`) one never exited and its join hung until
+            # the test's 600 s timeout.
             pool.close()
         except BaseException:
             pool.terminate()

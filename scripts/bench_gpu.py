@@ -9,7 +9,7 @@ round of the compiled pair (the template's `compile: true`, `nn.Module.compile()
 each compile of ResNet-18's forward and backward takes tens of seconds on a GPU, and the GPU check's bench
 stage has 200 s. A compiled side's warm-up epoch holds its compile, reported as `compile_seconds` (its
 warm-up epoch minus the eager one's). On the CPU dry-run the compiled arms run with dynamo disabled
-(`compile_backend: "disabled (CPU dry-run)"`): the same code path, no inductor build (minutes on 2 cores).
+(`compile_backend: "disabled (CPU dry-run)"`): the same code path, no inductor build (minutes on a small CPU).
 """
 
 import contextlib

@@ -29,8 +29,8 @@ from project.models import ConvNet
 from project.schedule import warmup_cosine
 
 DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
-# Runs that report epoch figures only (template_run(whole_fit=False)) skip work that is in none of them, a third of
-# such a run's time on 2 cores (cProfile of `bench.py --smoke`, 2026-12-01): LogConfig, which has no hook inside
+# Runs that report epoch figures only (template_run(whole_fit=False)) skip work that is in none of them, a third
+# of such a run's time (docs/performance.md "Performance"): LogConfig, which has no hook inside
 # the epochs (at setup it writes config.yaml and logs it, after fit the hyperparameter record), is left out; the
 # callbacks below act during the epochs and stay, but their after-fit work (report.png) is skipped.
 NO_EPOCH_HOOKS = ("LogConfig",)

@@ -145,8 +145,8 @@ class Check:
 class _Forked:
     """A stage's `python -m ...` or `python script.py ...` as a fork of this process in a session of its own (the
     dry-run's stand-in for a new interpreter): run() waits for it, kills its group and reads its logs as it does a
-    subprocess's. It skips the 10-16 CPU s a new interpreter spends importing torch and lightning again; the code a
-    stage runs is the same."""
+    subprocess's. It skips the seconds a new interpreter spends importing torch and lightning again (`make bench`:
+    default_run.import_torch_lightning_seconds); the code a stage runs is the same."""
 
     def __init__(self, argv: list[str], env: dict, out, err, lock: threading.Lock) -> None:
         with lock:  # one fork at a time, from a thread that holds no lock a child could need
@@ -375,7 +375,8 @@ def nondeterministic(check: Check) -> None:
         problems.append("a traceback instead of one paragraph")
     r["error_paragraph"] = paragraph
     # The same run with the flag the paragraph names must train. Not in the dry-run: on CPU it is the same command
-    # plus one flag (~10 CPU s), and the CPU stand-in's warn path is torch's Python helper, not the CUDA kernel's.
+    # plus one flag (one more start-up and fit), and the CPU stand-in's warn path is torch's Python helper, not
+    # the CUDA kernel's.
     left = CAPS["nondeterministic"] - r["seconds"]
     if check.dry_run:
         r["with_deterministic_warn"] = "not run in the dry-run"

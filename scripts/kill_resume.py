@@ -129,8 +129,9 @@ def run_to_end(cmd: list[str], cwd: Path, timeout: float, fork: bool = False) ->
 class Forked:
     """`python -m project ...` (cmd) as a fork of this process instead of a new interpreter: the same run in a
     process of its own (a SIGKILL ends it and everything it held in memory, as for any process), without the
-    10-16 CPU s a new interpreter spends importing torch and lightning again. What the kill tests need of a
-    subprocess.Popen: pid, poll, wait, send_signal, kill, returncode. stdout and stderr go to `log`.
+    seconds a new interpreter spends importing torch and lightning again (`make bench`:
+    default_run.import_torch_lightning_seconds). What the kill tests need of a subprocess.Popen: pid, poll, wait,
+    send_signal, kill, returncode. stdout and stderr go to `log`.
 
     For a caller that has imported torch already and runs one intra-op thread (OpenMP's pool does not survive a
     fork): tests/test_resume_kill.py. The command line script (main) starts new interpreters.

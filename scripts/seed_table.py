@@ -9,10 +9,11 @@ space-separated VAR=VALUE pairs; before its seeds run, a probe reports the kerne
     .venv/bin/python scripts/seed_table.py                        # this machine's default path and SSE4.1 + ATen default
     .venv/bin/python scripts/seed_table.py --path "avx2=ONEDNN_MAX_CPU_ISA=AVX2" --seeds 0 1 --json out.json
 
-About 25 s a seed on 2 idle CPU cores (7 s of it importing torch and lightning). Runs get OMP_WAIT_POLICY=PASSIVE
-(--spin leaves it out): idle OpenMP threads sleep instead of spinning, which changes no arithmetic (same thread
-count, same split of the work) but matters on shared cores: seed 0 trained in 31 s instead of 750 s on 2 cores
-with ~10 other busy processes, with a bit-identical summary.json (test_loss 0.5279663801193237 both ways).
+Each seed is a whole `make train`, imports included (docs/accuracy.md gives a seed's time). Runs get
+OMP_WAIT_POLICY=PASSIVE (--spin leaves it out): idle OpenMP threads sleep instead of spinning, which changes no
+arithmetic (same thread count, same split of the work, a bit-identical summary.json) but matters on shared cores,
+where spinning threads took the cores from the busy ones and a seed ran many times slower
+(docs/performance-history.md).
 """
 
 import argparse

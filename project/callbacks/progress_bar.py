@@ -21,8 +21,8 @@ LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 class AverageSpeedColumn(ProcessingSpeedColumn):
     """Batches per second since the task (this epoch's bar) started.
 
-    Rich's own estimate needs two updates within its window; a bar redrawn every 0.5 s over epochs of 0.3 s rarely
-    has them, and Lightning's column then printed 0.00it/s.
+    Rich's own estimate needs two updates within its window; a bar redrawn every 0.5 s over sub-second epochs (the
+    digits' on a CPU) rarely has them, and Lightning's column then printed 0.00it/s.
     """
 
     def render(self, task: Task) -> Text:
@@ -58,14 +58,14 @@ class _CurrentStderr:
 class ProgressBar(RichProgressBar):
     """RichProgressBar whose per-batch updates are skipped until `min_interval` seconds have passed.
 
-    The stock bar updates its task and re-reads every logged metric after each batch. On the digits ConvNet
-    (20 batches of ~13 ms per epoch, 2 CPU cores) that cost ~6% of the training throughput (`make bench`);
-    nobody reads a bar more often than a few times a second. The last batch of an epoch always updates, so
-    the bar ends at its true count. Its hooks took 0.33% of the steady epochs' time in `make bench`
-    (progress_bar_hook_fraction, 2026-12-01, AMD EPYC, 2 loaded cores).
+    The stock bar updates its task and re-reads every logged metric after each batch: with steps of a few
+    milliseconds, as on the digits ConvNet, that is a visible share of the training time, and nobody reads a bar
+    more often than a few times a second. The last batch of an epoch always updates, so the bar ends at its true
+    count. `make bench` measures what is left: progress_bar_hook_fraction (the time inside its hooks) and
+    options.no_progress_bar (docs/performance.md "Performance").
 
     Why not the stock `refresh_rate` (RichProgressBar and TQDMProgressBar): it counts batches, so a value that
-    suits 13 ms steps redraws too rarely for 1 s steps and too often for 1 ms ones; a time interval suits both.
+    suits 10 ms steps redraws too rarely for 1 s steps and too often for 1 ms ones; a time interval suits both.
 
     The training bar also shows `run ETA h:mm:ss`, the time left until fit ends: see `run_seconds_left`.
 

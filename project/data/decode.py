@@ -2,7 +2,7 @@
 
 Candidates measured by scripts/bench_decode.py (docs/data.md "Point at your own data"): PIL, torchvision.io.decode_image
 (libjpeg-turbo, straight into a tensor) and PIL with `Image.draft` (JPEG DCT-domain downscaling). DECODER names the
-one `load_image` uses: decode_image, the fastest (2.40 ms a 500x375 JPEG vs PIL's 3.07, AMD EPYC, 2026-12-01) and
+one `load_image` uses: decode_image, the fastest (`make bench-data`: decode.breakdown_ms_per_sample) and
 pixel for pixel PIL's on JPEG and PNG (tests/data/test_decode.py). draft() is kept for the bench: it may only
 scale by 1/2, 1/4 or 1/8 when the crop keeps at least the output size, which no crop of a 500x375 photo at 224 does.
 """

@@ -4,7 +4,8 @@
 (E. Alpaydin, C. Kaynak, 1998; CC BY 4.0, https://doi.org/10.24432/C50P49), byte for byte the copy that
 scikit-learn ships as `load_digits()`: one image per row, 64 pixel counts 0..16 then the label. Reading it
 here instead of importing scikit-learn keeps scikit-learn and SciPy out of the install, and SciPy out of
-every start-up (torchmetrics imports scipy.signal when SciPy is installed: ~1 s on 2 CPU cores).
+every start-up (torchmetrics imports scipy.signal when SciPy is installed, a cost every run would pay for
+nothing it uses).
 """
 
 import gzip

@@ -4,15 +4,9 @@ A batch made by a loader worker reaches the training process at a fixed cost per
 torch moves each tensor through shared memory and hands its file descriptor over a new socket connection to a
 thread of the worker (the "file_descriptor" sharing strategy), then the DataLoader and litdata do their
 bookkeeping. For small batches that cost is most of the loader's time in the training process, and the model
-waits for it. Measured 2026-12-01, AMD EPYC (2 cores), one worker, the training process's median wait for one
-batch of 64 (image + label) that the worker had ready:
-
-| images (uint8) | as tensors | as numpy arrays through the pipe |
-| --- | --- | --- |
-| 1x8x8 (the digits) | 2.8 ms | 1.0 ms |
-| 3x32x32 | 3.0 ms | 1.7 ms |
-| 3x64x64 | 3.4 ms | 4.2 ms (copying 786 KB through the pipe costs more than the handover) |
-| 3x224x224 | 5.0 ms | 26.6 ms |
+waits for it. Pickling numpy arrays through the worker's pipe costs less per message for small batches and more
+for large ones, whose bytes the pipe copies: the crossover lies between batches of 64 images of 3x32x32 and of
+3x64x64 (the measurement: docs/performance-history.md "The streaming loader's cost per message").
 
 So a training batch up to `BLOCK_BYTES` travels with the next ones as one block of up to `MAX_BATCHES_PER_BLOCK`
 batches, as numpy arrays (pickled through the worker's pipe, no shared memory), and the training process turns the
@@ -34,8 +28,9 @@ What stays as it was:
 
 The next epoch starts early (`prestart`, training loaders with workers): when an epoch's last batch is handed out,
 a thread runs litdata's start of the next epoch (the workers' reset) up to its first block, which the worker reads
-during the last step, validation and checkpoints; each epoch's first batch waited 12-25 ms for that on digits. A
-checkpoint taken in between saves the next epoch's start. Without it every first batch would wait for a whole block.
+during the last step, validation and checkpoints. A checkpoint taken in between saves the next epoch's start.
+Without it every epoch's first batch would wait for the reset and a whole block (`make bench-data`:
+paths.streaming.data_wait_fraction against its data_wait_fraction_after_first_batch).
 
 The cost: with pinned memory (a GPU) a block's arrays are not pinned, so their (small) copies to the device are
 synchronous.
@@ -58,7 +53,7 @@ from torch.utils.data import default_collate
 
 from project.errors import ConfigError
 
-BLOCK_BYTES = 256 * 1024  # a block's size limit: below the 3x64x64 crossover of the table above
+BLOCK_BYTES = 256 * 1024  # a block's size limit, below the pipe's crossover that the module docstring names
 # 1/8 of the per-message cost is below the noise of a step; longer blocks make each block's read longer
 MAX_BATCHES_PER_BLOCK = 8
 

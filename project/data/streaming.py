@@ -161,7 +161,8 @@ class StreamingDataModule(ImageData):
                 seed=run_seed() % 2**32,
                 # Deserialize the requested sample only. litdata's "auto" picks a window of 32 rows for small
                 # uint8 tensors, and with the in-chunk shuffle (blocks of 256) nearly every read decoded a new
-                # window for one row: 0.47 CPU ms per digits sample instead of 0.024 (AMD EPYC, 2026-12-01).
+                # window for one row, many times the work per sample (`make bench-data`:
+                # paths.streaming_read_cpu_ms_per_sample; docs/performance.md "Data benchmarks").
                 batch_decode=1,
                 **kwargs,
             )
@@ -182,10 +183,10 @@ class StreamingDataModule(ImageData):
             num_workers=workers,
             pin_memory=pin,  # Lightning copies pinned batches to the GPU with non_blocking=True
             drop_last=train,
-            # Workers kept from epoch to epoch: a new one per epoch waited 0.33-0.38 s for its first batch, 0.09-0.18 s
-            # kept (digits, 1 worker, 2 busy cores), a large share of a short epoch. The order stays litdata's for each
-            # epoch (the same batches as with new workers) and a resume still restores the state before the
-            # workers start.
+            # Workers kept from epoch to epoch: a new one per epoch waited several times as long for its first batch
+            # as a kept one, a large share of a short epoch (docs/performance.md "Data benchmarks"). The order stays
+            # litdata's for each epoch (the same batches as with new workers) and a resume still restores the state
+            # before the workers start.
             persistent_workers=workers > 0,
             # Every iter() of a DataLoader draws its workers' base seed from this generator, by default the global
             # RNG: a resumed run starts its epoch's iterator mid-epoch, after RNGState restored the streams, so
