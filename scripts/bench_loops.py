@@ -577,11 +577,23 @@ def machine() -> dict:
         "torch": torch.__version__,
         "lightning": lightning.__version__,
         "python": platform.python_version(),
-        "device": torch.cuda.get_device_name(0)
-        if torch.cuda.is_available()
-        else f"cpu ({platform.processor() or platform.machine()})",
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU: {cpu_model()}",
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name as `lscpu` shows it (Linux: /proc/cpuinfo), else what the platform module knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def overheads_ms(run: dict) -> tuple[list[float], list[float]]:
