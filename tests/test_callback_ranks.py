@@ -143,7 +143,7 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_the_same_check():
     ]
     for guard, trainer in zip(ranks, trainers):
         guard.on_train_start(trainer, module)
-    optimizers = [SimpleNamespace(_step_supports_amp_scaling=True, param_groups=[]) for _ in ranks]
+    optimizers = [SimpleNamespace(defaults={"fused": True}, param_groups=[]) for _ in ranks]
     raised: list = [None, None]
     for batch_idx in range(8):
         for r, (guard, trainer) in enumerate(zip(ranks, trainers)):
@@ -166,6 +166,26 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_the_same_check():
     assert all("The training loss is nan at global step 1, epoch 0, batch 1" in r[1] for r in raised)
     assert strategy.calls == 2
     assert float(ranks[1]._found) == 1.0 and float(ranks[0]._found) == 0.0  # the skip flag: rank 1 only
+
+
+@pytest.mark.claim("nan-loss-stops-run")
+def test_a_nan_gradient_under_ddp_sets_the_skip_flag_the_fused_optimizer_reads():
+    # Under DDP the gradients, all-reduced, are the same on every rank: a non-finite one (after a finite loss) sets
+    # the flag on each, so every rank skips the same step; finite gradients leave it at 0.
+    from types import SimpleNamespace
+
+    for value, expected in ((float("nan"), 1.0), (float("inf"), 1.0), (0.5, 0.0)):
+        guard = NonFiniteLossGuard(check_every_n_steps=4)
+        trainer = SimpleNamespace(world_size=2, global_step=0, current_epoch=0, precision_plugin=None)
+        guard.on_train_start(trainer, SimpleNamespace(device=torch.device("cpu")))
+        guard.on_train_batch_start(trainer, None, None, 0)
+        guard.on_before_backward(trainer, None, torch.tensor(1.0))
+        weight = torch.nn.Parameter(torch.zeros(3))
+        weight.grad = torch.tensor([0.1, value, 0.2])
+        optimizer = SimpleNamespace(defaults={"fused": True}, param_groups=[{"params": [weight]}])
+        guard.on_before_optimizer_step(trainer, None, optimizer)
+        assert float(guard._found) == expected, value
+        assert optimizer.found_inf is guard._found  # the fused kernel skips the step when it is 1
 
 
 @pytest.mark.claim("ddp-eval-counted-once")
