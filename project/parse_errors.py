@@ -74,8 +74,15 @@ def _unknown_option(message: str, argv: Sequence[str]) -> str | None:
     option = re.search(r"Option '([\w.]+)' is not accepted", message)
     if not owners or not option:
         return None
-    owner, name = owners[-1], option.group(1).split(".")[-1]
+    # A callable argument (the optimizer, the scheduler) names its own class in the value it was given, inside the
+    # error of the class that takes it: that inner class is the one without the argument.
+    given = re.search(
+        r"Option '[\w.]+' is not accepted\. Got value: Namespace\(class_path='([\w.]+)'", message
+    )
+    owner, name = given.group(1) if given else owners[-1], option.group(1).split(".")[-1]
     params = _init_params(owner)
+    if given:  # the module passes an optimizer its parameters and a scheduler its optimizer: not config keys
+        params = [p for p in params if p not in ("params", "optimizer")]
     where = _flag(argv, name)
     listed = f" Its arguments: {', '.join(params)}." if params else ""
     return (

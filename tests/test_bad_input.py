@@ -93,6 +93,14 @@ def fails(capsys, *args, started: bool = False) -> str:
             marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
         ),
         pytest.param(
+            ["--model.init_args.optimizer.init_args.lrr", "0.1"],
+            [
+                "--model.init_args.optimizer.init_args.lrr: torch.optim.AdamW takes no argument 'lrr'. Did you mean 'lr'?"
+            ],
+            id="misspelled optimizer key",
+            marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),
+        ),
+        pytest.param(
             ["--trainer.max_epoks", "3"],
             ["--trainer.max_epoks: no such key. Did you mean --trainer.max_epochs?"],
             id="misspelled trainer key",
