@@ -370,3 +370,31 @@ def test_requeued_trial_is_never_failed_by_another_worker_while_its_worker_takes
     assert {"ask", "sample", "set pid"} <= {step for step, _ in seen}, seen
     assert all(state == TrialState.RUNNING for _, state in seen), seen
     assert len(study.get_trials()) == 2, "a live trial was re-queued"
+
+
+def test_the_stop_at_max_failed_counts_this_commands_failures_in_its_message(tmp_path, capsys):
+    """--max_failed 1 on a study with 2 failed trials from an earlier command and 1 from this one: the worker stops
+    and says 1 failed against --max_failed 1, the earlier two apart (it said '3 trials failed (--max_failed 3)')."""
+    from dataclasses import replace
+
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from project.sweep.worker import run_worker
+
+    study = new_study(tmp_path)
+    for _ in range(3):
+        study.add_trial(
+            create_trial(
+                state=TrialState.FAIL,
+                params={"lr": 1e-3},
+                distributions={"lr": FloatDistribution(1e-4, 1e-2)},
+                user_attrs={"error": "exit code 2"},
+            )
+        )
+    sweep = replace(make_sweep(tmp_path), max_failed=1 + 2, failed_before=2)
+    assert run_worker(sweep, study) == 1
+    err = capsys.readouterr().err
+    assert "error: 1 trials failed (--max_failed 1, besides 2 from earlier runs); the sweep stops." in err, (
+        err
+    )

@@ -214,6 +214,7 @@ def run(argv: list[str]) -> int:
             n_trials=n_trials,
             max_failed=(args.max_failed or n_trials) + failed_before,
             threads=threads,
+            failed_before=failed_before,
         )
         study = optuna.load_study(
             study_name=study_name,

@@ -59,8 +59,9 @@ class Sweep:
     monitor: str  # the base config's checkpoint monitor (summary.json best_score)
     direction: str
     n_trials: int
-    max_failed: int
+    max_failed: int  # failed trials this command stops at: --max_failed plus the failures before it
     threads: str | None  # OMP_NUM_THREADS of the trial processes (None: inherited / torch's default)
+    failed_before: int = 0  # failed trials from earlier commands, which --max_failed does not count
 
 
 def trial_dir(sweep_dir: Path, number: int) -> Path:
@@ -273,8 +274,10 @@ def run_worker(sweep: Sweep, study: optuna.Study) -> int:
         if finished + running >= sweep.n_trials:
             return 0  # a running trial that then fails is replaced by its own worker
         if failed >= sweep.max_failed:
+            before = f", besides {sweep.failed_before} from earlier runs" if sweep.failed_before else ""
             print(
-                f"error: {failed} trials failed (--max_failed {sweep.max_failed}); the sweep stops. Each "
+                f"error: {failed - sweep.failed_before} trials failed (--max_failed "
+                f"{sweep.max_failed - sweep.failed_before}{before}); the sweep stops. Each "
                 f"trial's console.log under {sweep.sweep_dir}/trials/ says why.",
                 file=sys.stderr,
                 flush=True,
