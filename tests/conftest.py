@@ -23,8 +23,8 @@ import pytest
 
 # One intra-op thread for this process and every process a test starts, unless the caller set one: the suite runs
 # two workers on as few as 2 cores, each training in-process and starting processes of its own, and a second
-# thread per process mostly spins (the session's `make train`: 29 CPU s with 2 threads, 15 with 1, AMD EPYC,
-# 2026-12-01). Set before torch is imported. The tests of the DDP thread split remove it for their processes,
+# thread per process mostly spins, waiting for a busy core (it nearly doubles the CPU time of the session's
+# `make train`). Set before torch is imported. The tests of the DDP thread split remove it for their processes,
 # as a user's shell has none.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -65,21 +65,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The longest files first (seconds on 2 idle cores, from --durations): `make test` runs two pytest-xdist workers
-# that take whole files in this order, so the long ones start at once instead of ending the run on one core.
+# The longest files first, in the order `pytest --durations` puts them (rerun it to reorder): `make test` runs two
+# pytest-xdist workers that take whole files in this order, so the long ones start at once instead of ending the
+# run on one core. What makes each one long:
 LONGEST_FIRST = (
-    "test_sweep.py",  # ~135
-    "test_readme.py",  # ~95
-    "test_ddp.py",  # ~75
-    "test_streaming.py",  # ~60 CPU s (one training process, moto's server, in-process prepares and a fit)
-    "test_streaming_ddp.py",  # ~60 CPU s (three 2-rank runs, the ranks forked from pytest, and a prepare)
-    "test_bench.py",  # ~55
-    "test_gpu_check.py",  # ~50
-    "test_any_dataset.py",  # ~60 (one README launch, one 2-process launch, 3 in-process fits)
-    "test_cli.py",  # ~35
-    "test_resume_kill.py",  # ~48 CPU s at load 15-20 (3 kill -9s; the runs are forks of pytest, no imports)
-    "test_bench_data.py",  # ~30 CPU s (in-process: a prepare, 3 short fits, the decode bench on 8 images)
-    "test_ddp_slurm.py",  # ~25
+    "test_sweep.py",  # two sweep launches, every trial a `python -m project fit` process of its own
+    "test_readme.py",  # the README's commands, each a process of its own in a fresh checkout
+    "test_ddp.py",  # three multi-process launches
+    "test_streaming.py",  # one training process, moto's server, in-process prepares and a fit
+    "test_streaming_ddp.py",  # three 2-rank runs, the ranks forked from pytest, and a prepare
+    "test_bench.py",  # `make bench` end to end
+    "test_gpu_check.py",  # the GPU check's CPU dry run and the pieces it relies on
+    "test_any_dataset.py",  # one README launch, one 2-process launch, 3 in-process fits
+    "test_cli.py",  # in-process fits, end to end
+    "test_resume_kill.py",  # 3 kill -9s; the runs are forks of pytest, no imports
+    "test_bench_data.py",  # in-process: a prepare, 3 short fits, the decode bench on 8 images
+    "test_ddp_slurm.py",  # scripts/slurm.sbatch under stand-in SLURM commands
 )
 
 
@@ -135,8 +136,8 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
 # What `make` needs from a clone. A user checkout links these to the repository and has its own runs/.
 CHECKOUT_ENTRIES = ("Makefile", "configs", "constraints.txt", "project", "pyproject.toml", "scripts", ".venv")
 # A README command's launch may take this long (seconds) before its process group is killed: a hang fails the
-# test instead of blocking the suite. The slowest launch here, `make train-ddp` on 2 CPU processes, took 20-40 s
-# on 2 CPU cores (AMD EPYC, 2026-12-01) while other suites shared them; 5 minutes leaves room for a slower machine.
+# test instead of blocking the suite. The slowest launch here, `make train-ddp` on 2 CPU processes, takes tens of
+# seconds on a small machine shared with other suites; 5 minutes leaves room for a slower machine.
 LAUNCH_TIMEOUT = 300
 # Every launch of this session: (command, wall seconds, CPU seconds, exit code), listed at the end of the run.
 LAUNCHED: list[tuple[str, float, float, int]] = []
@@ -392,8 +393,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
     next to a run (predict, export, `python -m project test`) runs on `finished_run.copy_to(user_checkout(tmp))`.
     """
     # Once per `make test`, not once per pytest-xdist worker: the first worker that needs it runs it under a file
-    # lock in the directory the workers share, and leaves the launch's record there for the others (~15 CPU s
-    # saved when the files that read it land on both workers).
+    # lock in the directory the workers share, and leaves the launch's record there for the others (a whole
+    # `make train` saved when the files that read it land on both workers).
     shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
     with _locked(shared / "finished-run.lock") if shared else contextlib.nullcontext():
         record = shared / "finished-run.json" if shared else None
@@ -404,8 +405,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
         else:
             checkout = user_checkout(tmp_path_factory.mktemp("finished-run"))
             # One intra-op thread: it often runs next to other launches (tests/test_readme.py starts several at
-            # once), and 2 threads per process on 2 busy cores took this run 29 CPU s instead of 15 (AMD EPYC,
-            # 2026-12-01).
+            # once), and 2 threads per process on 2 busy cores nearly double this run's CPU time.
             result = launch(make_argv(FINISHED_RUN_COMMAND), checkout, env={"OMP_NUM_THREADS": "1"})
             if record is not None:
                 fields = {k: getattr(result, k) for k in Launch.__dataclass_fields__}

@@ -3,7 +3,7 @@
 A collective that one rank skips, or enters alone, makes the others wait until the collective timeout (10 minutes
 in configs/ddp.yaml). GracefulStop: a signal reaches the ranks one by one, or only one of them, and saving a
 checkpoint is collective; Lightning's SIGTERM handler broadcasts from inside the signal handler (both hung
-`make train-ddp` when rank 1 alone got SIGINT or SIGTERM; fixed, it exits 130/143 in ~5 s, by hand on 2026-12-01).
+`make train-ddp` when rank 1 alone got SIGINT or SIGTERM; fixed, it exits 130/143 within seconds).
 GracefulStop compares the ranks' flags every `check_every_n_steps` batches only (a host read each time), so
 all ranks must count to the same step. NonFiniteLossGuard: a NaN loss on one rank stops every rank at the same
 check, naming that rank's step. RunReport: the test confusion matrix is gathered from every rank, also from one

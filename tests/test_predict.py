@@ -22,9 +22,9 @@ from tests.trained_run import trained_run
 
 # |CSV probability - the reference softmax|: 5e-7 is the CSV's rounding (6 decimals); 1e-6 covers float32
 # noise between predict's pipeline (the training transform redone in torch, batches of 64) and the reference's (its own
-# arithmetic, one batch): measured on 2026-12-01, AMD EPYC, with default kernels, ONEDNN_MAX_CPU_ISA=AVX2 and
-# SSE41 and ATEN_CPU_CAPABILITY=default, at most 3.7e-8 for this test's 10-step model and 4.2e-7 for a fully
-# trained default model (sharper logits).
+# arithmetic, one batch), with default kernels, ONEDNN_MAX_CPU_ISA=AVX2 and SSE41 and ATEN_CPU_CAPABILITY=default:
+# that noise stays under half of 1e-6 for a fully trained default model (sharper logits) and far under it for this
+# test's 10-step model (figures: docs/performance-history.md).
 PROB_TOL = 5e-7 + 1e-6
 
 
@@ -86,7 +86,7 @@ def test_predict_reproduces_the_test_accuracy(run_dir, tmp_path):
         if factor == 1:
             # No resize: the PNGs differ from the float images the test stage saw only by 8-bit rounding
             # (at most 0.5/255), which changed none of the 360 test predictions, for this test's model and a
-            # fully trained one, with each kernel path named above (measured 2026-12-01).
+            # fully trained one, with each kernel path named above.
             correct = sum(
                 r["class"] == data.class_names[y] for r, y in zip(got, labels.tolist(), strict=True)
             )

@@ -141,8 +141,8 @@ COMMANDS = {
     "make tensorboard": "not run here: tests/test_tensorboard.py runs it as typed (plus a free PORT) on the session's "
     "finished run and queries the server",
     PRESET: "test_debug_preset",
-    # Sweeps: every trial is a `make train` process (~10-17 CPU s each here, imports and test included), so the
-    # sweeps run in tests/test_sweep.py with a test sweep file of 2 epochs x 4 batches and 1-2 trials.
+    # Sweeps: every trial is a `make train` process (a new interpreter: seconds of imports, then a fit and a test),
+    # so the sweeps run in tests/test_sweep.py with a test sweep file of 2 epochs x 4 batches and 1-2 trials.
     "make sweep": "not run here: 20 trials of 5 epochs; tests/test_sweep.py runs `make sweep SPACE=<its sweep "
     "file>` (same target and code path) with fewer trials, epochs and batches",
     "make sweep WORKERS=2": "not run here: tests/test_sweep.py runs the command it prints with --workers 2 "
@@ -232,8 +232,8 @@ def write_images(root: Path, per_class: int = 50) -> Path:
 
 
 # Several commands run at once here, on as few as 2 cores: a single-process command gets one intra-op thread, so
-# that 3 processes do not spin 6 threads on 2 cores (the session's `make train`: 31.5 CPU s with 2 threads, 17.4
-# with 1, on this machine shared with other suites: AMD EPYC, 2 cores, 2026-12-01). The DDP
+# that 3 processes do not spin 6 threads on 2 cores (on shared cores a second thread mostly waits for a busy core,
+# and nearly doubles the CPU time of the session's `make train`). The DDP
 # commands run as a user's shell starts them, without OMP_NUM_THREADS, so that their default split of the cores
 # between the processes is what runs.
 USER_THREADS = {"OMP_NUM_THREADS": None}

@@ -260,7 +260,7 @@ def test_report_captions_clear_of_images(num_classes):
     names = LONG_NAMES[:num_classes] if num_classes > 10 else [str(i) for i in range(num_classes)]
     confusion = torch.randint(0, 30, (num_classes, num_classes), generator=gen)
     sides = {}
-    # Grey 8x8 and RGB 224x224: the captions depend on the class names only, and a render costs ~0.5-1 CPU s.
+    # Grey 8x8 and RGB 224x224: the captions depend on the class names only, and each render is slow (matplotlib).
     for channels, size in ((1, 8), (3, 224)):
         wrong = [
             (

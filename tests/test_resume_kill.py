@@ -96,14 +96,14 @@ def test_a_crash_before_any_io_call_of_a_write_leaves_a_whole_checkpoint(tmp_pat
 
 
 @pytest.mark.claim("resume-bit-identical", "checkpoint-write-atomic")
-@pytest.mark.timeout(600)  # 4 process starts of ~10 CPU s imports each, more on a loaded machine
+@pytest.mark.timeout(600)  # 4 process starts, seconds of imports each when not forked, more when loaded
 def test_three_kill_9s_in_one_run_end_bit_identical(tmp_path):
     """One kill of each kind (kill_resume draws every kind once in each round of three): mid-step, during
     validation, mid-write, then the resume to the end (scripts/kill_resume.py --kills 20 is the long check).
 
     The reference runs in this process. The killed and resumed runs are forks of it (kill_resume.Forked): each
     a process of its own that kill -9 ends, its memory gone with it, so a resume has only the files on disk; a
-    fork skips the 10-16 CPU s of imports a new interpreter costs. The fork needs one intra-op thread (OpenMP's
+    fork skips the seconds of imports a new interpreter costs. The fork needs one intra-op thread (OpenMP's
     pool does not survive it: tests/conftest.py sets OMP_NUM_THREADS=1); with more, new interpreters run."""
     reference = tmp_path / "reference"
     assert (

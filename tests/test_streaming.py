@@ -84,8 +84,8 @@ def s3(tmp_path_factory):
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 120)
 def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
     """make prepare to s3:// then make train from it, as the README types them (one epoch). prepare runs in this
-    process (the command `make -n` prints for the README line: 10-20 CPU s of imports saved), training as a
-    process of its own that knows the store from the AWS_* variables only."""
+    process (the command `make -n` prints for the README line: a new interpreter's seconds of imports saved),
+    training as a process of its own that knows the store from the AWS_* variables only."""
     checkout = user_checkout(tmp_path / "checkout")
     pets = write_images(tmp_path / "pets")
     argv = make_argv(readme_command(PREPARE_S3).replace("/data/pets", str(pets)))

@@ -13,7 +13,7 @@ prepared by `python -m project prepare`:
 
 The ranks are started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the environment). When this
 process runs one intra-op thread (tests/conftest.py sets OMP_NUM_THREADS=1), each rank is a fork of it: a process
-of its own that SIGKILL ends, without the 10-16 CPU s a new interpreter spends importing torch and lightning
+of its own that SIGKILL ends, without the seconds of imports (torch, lightning) a new interpreter spends
 (OpenMP's thread pool does not survive a fork; with more threads, new interpreters are started instead).
 """
 

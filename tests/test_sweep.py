@@ -34,8 +34,9 @@ FAST = {
     "trainer.limit_test_batches": 2,
 }
 THREADS = {"OMP_NUM_THREADS": "1"}
-# A sweep launch here runs 3-4 trial processes of ~10 CPU s each (imports and test included; 2 cores shared with
-# other suites took up to 90 s of wall time per trial, AMD EPYC, 2026-12-01): 8 minutes stops a hang, not a slow run.
+# A sweep launch here runs 3-4 trial processes, each a new interpreter (seconds of imports, then a fit and a test),
+# and cores shared with other suites can stretch a trial's wall time several times over: 8 minutes stops a hang,
+# not a slow run.
 SWEEP_TIMEOUT = 480
 
 

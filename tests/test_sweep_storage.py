@@ -330,7 +330,7 @@ def test_requeued_trial_is_never_failed_by_another_worker_while_its_worker_takes
     """A dead worker's trial, re-queued, is taken by a live worker. At every step between the trial becoming
     RUNNING and its process starting, another worker on this machine checks for dead workers' trials: the live
     trial stays RUNNING. (The re-queued trial carried the dead worker's pid until its new worker wrote its own,
-    for 130-220 ms, and another worker marked the live trial failed.)"""
+    long enough for another worker's check to land in between and mark the live trial failed.)"""
     study = new_study(tmp_path)
     dead = run_by_dead_worker(study)
     recover_dead_trials(study, tmp_path)  # the dead worker's trial: FAIL, its values queued again

@@ -25,8 +25,8 @@ from PIL import Image
 from project.callbacks.log_config import LR_KEYS, flatten, key_hyperparameters
 from tests.conftest import make_argv, read_summary, user_environment
 
-# Loading a 2-epoch run took TensorBoard 2.21 ~5-25 s on 2 CPU cores shared with other test runs (AMD EPYC,
-# 2026-12-01, load 8-13); two minutes leave room for a slower machine, and a hang fails instead of blocking.
+# TensorBoard takes seconds to load a 2-epoch run, tens of seconds on cores shared with other test runs; two
+# minutes leave room for a slower machine, and a hang fails instead of blocking.
 SERVE_TIMEOUT = 120
 # What the default configs log (README "Configuration"), the named groups' learning rates, and the best/* metrics.
 SCALARS = {

@@ -1,6 +1,6 @@
 """predict and export start fast: run as a user types them, they never import the training stack.
 
-Lightning (~3 s to import on 2 CPU cores), torchmetrics and matplotlib belong to training; torchvision (~1.4 s)
+Lightning (seconds to import), torchmetrics and matplotlib belong to training; torchvision (over a second more)
 only to torchvision models. Each command runs as its own process with a sitecustomize.py on PYTHONPATH that
 writes the names in sys.modules when the process exits, so everything imported anywhere, C extensions and lazy
 imports included, is seen.
