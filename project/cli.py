@@ -27,6 +27,7 @@ from project.checkpoint import check_checkpoint, read_checkpoint
 from project.console import drop_inapplicable_messages
 from project.distributed import describe_world, env_rank, quiet_non_zero_ranks, share_cpu_threads
 from project.errors import ConfigError, exit_on_user_error
+from project.parse_errors import constructor_parameters
 from project.parse_errors import explain as explain_parse_error
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -199,30 +200,6 @@ def data_to_model_links(config: Namespace) -> list[tuple[str, str]]:
         if class_path and name in constructor_parameters(class_path):
             links.append((source, target))
     return links
-
-
-def constructor_parameters(class_path: str) -> set[str]:
-    """The named parameters of a class's constructor, and of its bases' while it passes them `**kwargs` (as the
-    parser reads them); empty when it cannot be imported: the parser says why."""
-    import inspect
-    import pydoc
-
-    try:
-        cls = pydoc.locate(class_path)
-    except pydoc.ErrorDuringImport:
-        return set()
-    named: set[str] = set()
-    for klass in inspect.getmro(cls) if isinstance(cls, type) else ():
-        if "__init__" not in vars(klass):
-            continue
-        try:
-            parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        except (ValueError, TypeError):
-            break
-        named |= {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
-            break
-    return named
 
 
 def hyperparameter_dump(parser, config: Namespace) -> dict:

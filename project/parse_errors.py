@@ -8,6 +8,7 @@ else keeps the parser's own lines, shortened (`condense`).
 import difflib
 import importlib
 import inspect
+import pydoc
 import re
 from collections.abc import Sequence
 
@@ -80,7 +81,7 @@ def _unknown_option(message: str, argv: Sequence[str]) -> str | None:
         r"Option '[\w.]+' is not accepted\. Got value: Namespace\(class_path='([\w.]+)'", message
     )
     owner, name = given.group(1) if given else owners[-1], option.group(1).split(".")[-1]
-    params = _init_params(owner)
+    params = constructor_parameters(owner)
     if given:  # the module passes an optimizer its parameters and a scheduler its optimizer: not config keys
         params = [p for p in params if p not in ("params", "optimizer")]
     where = _flag(argv, name)
@@ -104,12 +105,13 @@ def _missing_module(message: str, argv: Sequence[str]) -> str | None:
 
 
 def _missing_attribute(message: str, argv: Sequence[str]) -> str | None:
-    found = re.search(
-        r"Problem with given class_path '([\w.]+)':\s*module '([\w.]+)' has no attribute '(\w+)'", message
-    )
+    # jsonargparse words it one way for a class ("Problem with given class_path ...: module ... has no attribute")
+    # and another for a callable such as the optimizer ("... expects a function or a callable class: module ...").
+    found = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
     if not found:
         return None
-    path, module, name = found.groups()
+    module, name = found.groups()
+    path = f"{module}.{name}"
     try:
         names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
     except Exception:  # noqa: BLE001 - the suggestion is a courtesy
@@ -127,7 +129,7 @@ def _unrecognized(message: str, argv: Sequence[str]) -> str | None:
     key = flag.lstrip("-").split("=", 1)[0]
     head, _, rest = key.partition(".")
     if head == "trainer" and rest:
-        choices = [f"trainer.{p}" for p in _init_params("lightning.pytorch.Trainer")]
+        choices = [f"trainer.{p}" for p in constructor_parameters("lightning.pytorch.Trainer")]
     else:
         choices = list(TOP_LEVEL)
     close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
@@ -145,11 +147,22 @@ def _flag_of_value(argv: Sequence[str], value: str) -> str:
     return value
 
 
-def _init_params(class_path: str) -> list[str]:
-    """The constructor arguments of a class named by its import path ([] when it cannot be imported)."""
-    module, _, name = class_path.rpartition(".")
+def constructor_parameters(class_path: str) -> list[str]:
+    """The named arguments of a class's constructor, in order, and of its bases' while it passes them `**kwargs` (as
+    the parser reads them); [] when it cannot be imported: the parser says why."""
     try:
-        cls = getattr(importlib.import_module(module), name)
-        return [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
-    except Exception:  # noqa: BLE001 - the suggestion is a courtesy
+        cls = pydoc.locate(class_path)
+    except pydoc.ErrorDuringImport:
         return []
+    named: dict[str, None] = {}
+    for klass in inspect.getmro(cls) if isinstance(cls, type) else ():
+        if "__init__" not in vars(klass):
+            continue
+        try:
+            parameters = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]  # not self
+        except (ValueError, TypeError):
+            break
+        named |= dict.fromkeys(p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return list(named)

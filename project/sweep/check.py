@@ -84,7 +84,7 @@ def check_keys(configs: list[str], space: SweepSpace, flags: dict, where: str) -
                     hint = f" (did you mean '{close}'?)" if close else ""
                     problems[key] = f"{source[key]} is no key of the training config{hint}"
                 else:
-                    reason = missing_attribute(message) or explain(message, [f"--{key}={live[key]}"])
+                    reason = explain(message, [f"--{key}={live[key]}"])
                     reason = " ".join(reason.split()).split(" The accepted keys and their types")[0]
                     problems[key] = f"{source[key]} = {live[key]!r} is refused by the training CLI: {reason}"
         if "?" in problems:
@@ -105,23 +105,6 @@ def _parsed_base(base: list[str]) -> dict:
         return training_config(base)
     except Exception:  # noqa: BLE001 - a suggestion is a courtesy; the base config's own error comes elsewhere
         return {}
-
-
-def missing_attribute(message: str) -> str | None:
-    """'module torch.optim has no Adamm. Did you mean torch.optim.Adam?' for a misspelled class path (jsonargparse
-    words it differently for a callable than for a class, and parse_errors knows the class wording only)."""
-    import importlib
-
-    found = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
-    if not found:
-        return None
-    module, name = found.groups()
-    try:
-        names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
-    except Exception:  # noqa: BLE001 - a suggestion is a courtesy
-        names = []
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    return f"module {module} has no {name}." + (f" Did you mean {module}.{close[0]}?" if close else "")
 
 
 def culprit(message: str, values: dict[str, Any]) -> str | None:
