@@ -103,7 +103,6 @@ class ProjectCLI(LightningCLI):
             super().parse_arguments(self.parser, args)
         # LightningCLI next reads the checkpoint's hyperparameters (torch.load): a missing, truncated or foreign file
         # must be one readable paragraph, not an unpickling traceback. mmap: only the index is read.
-        subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path and str(ckpt_path) not in run_dir.LIGHTNING_CKPT_NAMES:
             read_checkpoint(ckpt_path, mmap=True)

@@ -316,22 +316,38 @@ def bare_lightning_run(epochs: int, batch_size: int = 64, raw: dict | None = Non
     """Lightning's loop alone (BareModule on a Trainer with no logger, checkpoint, progress bar, summary or sanity
     check, deterministic as the config) on the tuned raw loop's model, optimizer, schedule and loaders, with one
     raw-loop epoch of `raw` before each of its epochs (EpochClock), as template_run."""
+    return _lightning_run(
+        BareModule,
+        epochs,
+        batch_size,
+        raw,
+        loop,
+        logger=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
+
+
+def _lightning_run(
+    module: type, epochs: int, batch_size: int, raw: dict | None, loop: dict, **trainer: Any
+) -> dict:
+    """`module` on the tuned raw loop's model, optimizer, schedule and loaders, trained by a Trainer with
+    `trainer`'s arguments besides the shared ones (no progress bar or summary, deterministic as the config), the
+    EpochClock first among its callbacks: the figures of its epochs."""
     side = RawLoop(epochs, batch_size, fused=True, channels_last=True, **loop)
     clock = EpochClock(RawLoop(epochs, batch_size, **raw) if raw is not None else None)
-    trainer = L.Trainer(
+    fit = L.Trainer(
         max_epochs=epochs,
         limit_train_batches=side.steps,
         limit_val_batches=1 if side.limit else None,
-        logger=False,
-        enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        num_sanity_val_steps=0,
         deterministic=True,
-        callbacks=[clock],
+        **{**trainer, "callbacks": [clock, *trainer.get("callbacks", [])]},
     )
-    trainer.fit(BareModule(side), side.train, side.val)
-    return clock.figures(trainer.num_training_batches, batch_size)
+    with contextlib.redirect_stdout(io.StringIO()):
+        fit.fit(module(side), side.train, side.val)
+    return clock.figures(fit.num_training_batches, batch_size)
 
 
 class StockModule(BareModule):
@@ -394,19 +410,18 @@ def stock_lightning_run(epochs: int, batch_size: int = 64, raw: dict | None = No
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    side = RawLoop(epochs, batch_size, fused=True, channels_last=True, **loop)
-    clock = EpochClock(RawLoop(epochs, batch_size, **raw) if raw is not None else None)
     with tempfile.TemporaryDirectory(prefix="bench-stock-") as tmp:
-        trainer = L.Trainer(
-            max_epochs=epochs,
-            limit_train_batches=side.steps,
-            limit_val_batches=1 if side.limit else None,
+        return _lightning_run(
+            StockModule,
+            epochs,
+            batch_size,
+            raw,
+            loop,
             logger=[
                 TensorBoardLogger(tmp, name="", version="", default_hp_metric=False),
                 CSVLogger(tmp, name="", version=""),
             ],
             callbacks=[
-                clock,
                 ModelCheckpoint(
                     dirpath=f"{tmp}/checkpoints",
                     filename="best-{epoch:03d}",
@@ -418,13 +433,7 @@ def stock_lightning_run(epochs: int, batch_size: int = 64, raw: dict | None = No
                 LearningRateMonitor(logging_interval="epoch"),
             ],
             log_every_n_steps=10,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            deterministic=True,
         )
-        with contextlib.redirect_stdout(io.StringIO()):
-            trainer.fit(StockModule(side), side.train, side.val)
-    return clock.figures(trainer.num_training_batches, batch_size)
 
 
 def config_data_args() -> dict:
