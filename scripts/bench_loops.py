@@ -289,6 +289,9 @@ class BareModule(L.LightningModule):
         self.loop = loop
         self.model, self.loss_fn = loop.model, loop.loss_fn
 
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        return self.loop.prepare(batch, dataloader_idx)  # normalised per batch, as the raw loop and the template
+
     def training_step(self, batch, batch_idx):
         x, y = batch
         return self.loss_fn(self.model(x.contiguous(memory_format=self.loop.memory_format)), y)

@@ -25,9 +25,9 @@ class NonFiniteLossGuard(Callback):
     but costs several times the step (configs/debug/detect_anomaly.yaml); EarlyStopping(check_finite=True) reads
     a logged metric, after the NaN step has already moved the weights.
 
-    How, per step, all on the device (a few small ops, no Python float): the loss goes into this window's slot
-    of a buffer, a sticky flag `found` becomes 1.0 at the first non-finite value (an elementwise maximum: it only
-    ever rises), and the flag's value is kept beside the loss. Before the optimizer step:
+    How, per step, all on the device (three small ops, no Python float): the loss goes into this window's slot
+    of a buffer, and a sticky flag `found` becomes 1.0 at the first non-finite value (it never falls back; under
+    DDP the flag's value is also kept beside the loss). Before the optimizer step:
 
     - fused optimizers (`fused=True` in their defaults: torch's fused AdamW/Adam/SGD, the default fused AdamW)
       get `optimizer.found_inf = found`, the flag GradScaler hands them: the fused kernel
@@ -65,14 +65,16 @@ class NonFiniteLossGuard(Callback):
 
     def on_train_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
         n, device = self.check_every_n_steps, pl_module.device
-        # Per step a few small device ops and no Python float: a copy of the loss into this window's slot, the
-        # sticky flag (1.0 from the first non-finite value on), and a copy of the flag into the slot's history.
-        # The check reads the window on the host.
+        # Per step three small device ops and no Python float: a copy of the loss into this window's slot and the
+        # sticky flag's update (1.0 from the first non-finite value on); under DDP also a copy of the flag into the
+        # slot's history, since there the gradients can raise it too. The check reads the window on the host.
         self._found = torch.zeros((), dtype=torch.float32, device=device)
+        self._zero = torch.zeros((), dtype=torch.float32, device=device)
         losses = torch.zeros(n, dtype=torch.float32, device=device)
-        history = torch.zeros(n, dtype=torch.float32, device=device)
+        history = torch.zeros(n, dtype=torch.float32, device=device) if trainer.world_size > 1 else None
         self._buffers = (losses, history)
-        self._loss_slots, self._found_slots = list(losses.unbind()), list(history.unbind())
+        self._loss_slots = list(losses.unbind())
+        self._found_slots = list(history.unbind()) if history is not None else None
         self._where: list[tuple[int, int, int]] = []  # this window's (global step, epoch, batch index)
 
     def on_train_batch_start(
@@ -87,22 +89,25 @@ class NonFiniteLossGuard(Callback):
         if self._found is None:
             return
         i = len(self._where) - 1
-        slot = self._loss_slots[i]
-        slot.copy_(loss.detach().sum())  # a non-finite element keeps the sum non-finite
+        slot, loss = self._loss_slots[i], loss.detach()
+        slot.copy_(loss if loss.ndim == 0 else loss.sum())  # a non-finite element keeps the sum non-finite
         self._raise_flag(slot)
-        self._found_slots[i].copy_(self._found)
+        if self._found_slots is not None:
+            self._found_slots[i].copy_(self._found)
 
     def on_before_optimizer_step(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", optimizer
     ) -> None:
         if self._found is None:
             return
-        if trainer.world_size > 1:
+        if self._found_slots is not None:  # several processes
             # After DDP's all-reduce the gradients are the same on every rank: so is this part of the flag.
             grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             if grads:
                 self._raise_flag(torch.nn.utils.get_total_norm(grads))  # non-finite if any gradient is
                 self._found_slots[len(self._where) - 1].copy_(self._found)
+        if getattr(optimizer, "found_inf", None) is self._found:
+            return  # set at this optimizer's first step of the fit
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if optimizer.defaults.get("fused") is True and scaler is None:
             optimizer.found_inf = self._found  # read by the fused kernel after this hook
@@ -110,8 +115,12 @@ class NonFiniteLossGuard(Callback):
             self._check(trainer)  # the fallback: one host read (and DDP all-reduce) per step
 
     def _raise_flag(self, value: torch.Tensor) -> None:
-        """Set the sticky flag (in place: fused optimizers hold it) when `value` is not finite."""
-        torch.maximum(self._found, value.isfinite().logical_not().float(), out=self._found)
+        """Set the sticky flag (in place: fused optimizers hold it) when `value` is not finite.
+
+        found + value * 0 is found for a finite value and NaN otherwise (inf * 0 is NaN), and NaN becomes 1.0: two
+        in-place ops. `isfinite` is a composite of four ops, and on a step of a few milliseconds each small op
+        costs several microseconds once the model's forward and backward have run (`make bench` per_step)."""
+        self._found.addcmul_(value, self._zero).nan_to_num_(nan=1.0)
 
     def on_train_batch_end(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
@@ -167,8 +176,11 @@ class NonFiniteLossGuard(Callback):
         count = len(self._where)
         if not count or not float(self._found):
             return 0
-        losses, history = (b[:count].tolist() for b in self._buffers)
-        first = history.index(1.0) if 1.0 in history else count - 1
+        losses, history = (b[:count].tolist() if b is not None else None for b in self._buffers)
+        if history is not None and 1.0 in history:  # DDP: the first step whose loss or gradients raised it
+            first = history.index(1.0)
+        else:  # one process: only a loss raises it
+            first = next((j for j, v in enumerate(losses) if not math.isfinite(v)), count - 1)
         value = losses[first]
         kind = 3 if math.isnan(value) else 1 if value == math.inf else 2 if value == -math.inf else 0
         return (count - first) * 4 + kind

@@ -1,0 +1,58 @@
+"""NoProfiler (project/profiler.py): the default config's profiler records nothing and hands Lightning one shared
+no-op context per call; any other profiler replaces it."""
+
+import contextlib
+
+import lightning as L
+from lightning.pytorch.profilers import PassThroughProfiler, SimpleProfiler
+
+from project.cli import CONFIG_DIR, build_cli
+from project.profiler import NoProfiler
+
+
+def test_the_default_config_runs_with_no_profiler_and_a_named_one_replaces_it():
+    default = build_cli(["--config", str(CONFIG_DIR / "default.yaml")], run=False)
+    assert type(default.trainer.profiler) is NoProfiler
+    simple = build_cli(["--config", str(CONFIG_DIR / "debug/profiler.yaml")], run=False)
+    assert type(simple.trainer.profiler) is SimpleProfiler
+    lightning_default = build_cli(["--trainer.profiler", "null"], run=False)  # `make bench`'s lightning_profiler
+    assert type(lightning_default.trainer.profiler) is PassThroughProfiler
+
+
+class CountingNoProfiler(NoProfiler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.contexts: set[int] = set()
+
+    def profile(self, action_name: str) -> contextlib.AbstractContextManager:
+        context = super().profile(action_name)
+        self.calls.append(action_name)
+        self.contexts.add(id(context))
+        return context
+
+
+def test_lightning_wraps_every_hook_in_it_and_gets_one_shared_context_that_nests(tmp_path):
+    profiler = CountingNoProfiler()
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=3,
+        limit_val_batches=1,
+        profiler=profiler,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    trainer.fit(BoringModel())
+    assert trainer.profiler is profiler
+    # Lightning asked for a context at every step's hooks: the per-step work this profiler makes cheaper.
+    assert sum(name.endswith("on_train_batch_start") for name in profiler.calls) >= 3
+    assert sum(name.endswith("on_before_optimizer_step") for name in profiler.calls) >= 3
+    assert len(profiler.contexts) == 1  # one object, whatever the action
+    assert profiler.summary() == ""  # nothing recorded
+    with profiler.profile("outer"), profiler.profile("inner"):  # nested use, as Lightning's hooks do
+        pass
