@@ -290,7 +290,8 @@ class BareModule(L.LightningModule):
         self.model, self.loss_fn = loop.model, loop.loss_fn
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        return self.loop.prepare(batch, dataloader_idx)  # normalised per batch, as the raw loop and the template
+        # normalised per batch, as the raw loop and the template do
+        return self.loop.prepare(batch, dataloader_idx)
 
     def training_step(self, batch, batch_idx):
         x, y = batch

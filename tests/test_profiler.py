@@ -15,7 +15,8 @@ def test_the_default_config_runs_with_no_profiler_and_a_named_one_replaces_it():
     assert type(default.trainer.profiler) is NoProfiler
     simple = build_cli(["--config", str(CONFIG_DIR / "debug/profiler.yaml")], run=False)
     assert type(simple.trainer.profiler) is SimpleProfiler
-    lightning_default = build_cli(["--trainer.profiler", "null"], run=False)  # `make bench`'s lightning_profiler
+    # `make bench`'s option lightning_profiler: Lightning's default
+    lightning_default = build_cli(["--trainer.profiler", "null"], run=False)
     assert type(lightning_default.trainer.profiler) is PassThroughProfiler
 
 

@@ -129,9 +129,10 @@ COMMANDS = {
     "--ckpt_path through ARGS the same way; tests/test_resume.py resumes from that path in-process",
     'make train ARGS="--checkpoint_every_n_steps 50"': "not run here: 50 steps are 2.5 full epochs; "
     "--checkpoint_every_n_steps is tested in tests/test_resume.py",
-    'make train ARGS="--config configs/logger/wandb.yaml"': "not run here: as a process of its own it cost "
-    "16-21 CPU s; tests/trained_run.py runs this overlay in-process with the default configs (progress bar on) for "
-    "tests/test_loggers.py, and tests/test_wandb_resume.py checks the offline hint without a key",
+    'make train ARGS="--config configs/logger/wandb.yaml"': "not run here: as a process of its own it is among the "
+    'costliest commands (README "Tests"); tests/trained_run.py runs this overlay in-process with the default '
+    "configs (progress bar on) for tests/test_loggers.py, and tests/test_wandb_resume.py checks the offline hint "
+    "without a key",
     "make train && xdg-open runs/<run>/report.png": "test_report (xdg-open is not run: no display)",
     "make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/": "test_predict",
     "make export CKPT=runs/<run>/checkpoints/last.ckpt": "test_export",
@@ -157,8 +158,8 @@ COMMANDS = {
     "here: no database server; tests/test_sweep.py runs a worker on a journal storage",
     "sbatch --array=0-7 scripts/sweep_slurm.sbatch --storage postgresql://user:password@db-host/optuna": "not run "
     "here: no SLURM, no database; tests/test_sweep.py runs the script as array task 3 with a journal storage",
-    FINETUNE: "not run here: resnet18 at 224 pixels from a local .pth cost 24 CPU s, more than any other command "
-    "(2026-12-01, AMD EPYC, 2 cores); tests/test_finetune.py runs configs/finetune.yaml with local weights in-process",
+    FINETUNE: "not run here: resnet18 at 224 pixels from a local .pth costs more than any other command (README "
+    '"Tests"); tests/test_finetune.py runs configs/finetune.yaml with local weights in-process',
     "make train INSTALL=0": "not run here: tests/test_gpu_check.py runs `make -n train INSTALL=0` (the check, then "
     "the same fit as test_make_train) and the check itself against this environment",
     "scripts/gpu_check.sh --prepare": "not run here: it downloads from a package registry; tests/test_gpu_check.py "
