@@ -317,6 +317,10 @@ def kill_resume(
     """Returns {"kills": [{"aimed": ..., "landed": ..., "resumes_from": ...}, ...], "problems": [...]};
     reference: an already finished uninterrupted run; fork: every run a Forked copy of this process."""
     workdir.mkdir(parents=True, exist_ok=True)
+    # A run left here by an earlier invocation (of other code, perhaps) would be resumed and compared first.
+    shutil.rmtree(workdir / "killed", ignore_errors=True)
+    if reference is None:
+        shutil.rmtree(workdir / "reference", ignore_errors=True)
     rng = random.Random(seed)
     modes: list[str] = []
     while len(modes) < kills:  # every kind in each round of three, in an order drawn from the seed

@@ -130,3 +130,21 @@ def test_three_kill_9s_in_one_run_end_bit_identical(tmp_path):
             # previous, complete one (progress() above loaded it)
             assert kill["bytes"] > 0 and kill["tmp_left"], kill
     assert result["problems"] == []
+
+
+def test_a_run_left_in_the_workdir_by_an_earlier_invocation_is_not_resumed(tmp_path, monkeypatch):
+    """`scripts/kill_resume.py` defaults to runs/kill_resume: the `killed` run an earlier invocation (of other code,
+    perhaps) finished there would otherwise be resumed and compared before any kill of this one."""
+    stale = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an earlier invocation's run")
+    (tmp_path / "reference").mkdir()
+    seen = []
+    monkeypatch.setattr(
+        kill_resume, "run_to_end", lambda cmd, cwd, timeout, fork=False: seen.append(stale.exists())
+    )
+    monkeypatch.setattr(kill_resume, "compare", lambda ref, run: [])
+    result = kill_resume.kill_resume(tmp_path, kills=0)
+    assert seen == [False, False]  # the reference, then the run to the end: neither found the stale run
+    assert result == {"kills": [], "problems": []}
+    assert not (tmp_path / "reference").exists()  # made afresh by the reference run (stubbed out here)
