@@ -398,3 +398,34 @@ def test_the_stop_at_max_failed_counts_this_commands_failures_in_its_message(tmp
     assert "error: 1 trials failed (--max_failed 1, besides 2 from earlier runs); the sweep stops." in err, (
         err
     )
+
+
+def _take_a_trial(url: str, barrier, taken) -> None:
+    study = optuna.load_study(study_name="s", storage=open_storage(url, heartbeat=False))
+    barrier.wait()  # both workers ask within a millisecond of each other
+    taken.put(study.ask().number)
+
+
+@pytest.mark.claim("sweep-workers")
+def test_a_queued_trial_goes_to_one_of_two_workers_asking_at_once(tmp_path):
+    """Optuna hands a queued trial to one worker by reading and updating it in one transaction with SELECT ... FOR
+    UPDATE, which SQLite ignores; with Python's sqlite3 starting the transaction only at the update, two workers
+    took the same trial (ran it in the same directory, and the second failed with "Cannot tell a COMPLETE trial").
+    Without project.sweep.storage.serialize_sqlite_transactions 16 of 30 such rounds did."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")  # the child only opens the storage and asks
+    for round_ in range(20):
+        url = f"sqlite:///{tmp_path / f'study{round_}.db'}"
+        optuna.create_study(study_name="s", storage=open_storage(url, heartbeat=False)).enqueue_trial(
+            {"x": 1.0}
+        )
+        barrier, taken = context.Barrier(2), context.Queue()
+        workers = [context.Process(target=_take_a_trial, args=(url, barrier, taken)) for _ in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert all(worker.exitcode == 0 for worker in workers)
+        numbers = sorted(taken.get(timeout=5) for _ in workers)
+        assert numbers == [0, 1], f"round {round_}: both workers took trial {numbers[0]}"

@@ -97,11 +97,39 @@ def _open_rdb(url: str, heartbeat: bool):
     # a database server.
     for attempt in range(1, SCHEMA_ATTEMPTS + 1):
         try:
-            return RDBStorage(url, **kwargs)
+            storage = RDBStorage(url, **kwargs)
         except Exception as err:
             if attempt == SCHEMA_ATTEMPTS or not created_meanwhile(err):
                 raise
             time.sleep(random.uniform(0.05, 0.25) * attempt)
+        else:
+            if parsed.get_backend_name() == "sqlite":
+                serialize_sqlite_transactions(storage.engine)
+            return storage
+
+
+def serialize_sqlite_transactions(engine) -> None:
+    """Every transaction on `engine` takes SQLite's write lock when it begins (BEGIN IMMEDIATE).
+
+    Optuna reads a trial and updates it in one transaction, with SELECT ... FOR UPDATE, to hand a queued trial to
+    one worker only. SQLite ignores FOR UPDATE, and Python's sqlite3 module begins a transaction only at the first
+    write, so two workers starting together both read the trial as WAITING and both took it: they ran the same
+    trial in the same directory, and the second to finish failed with "Cannot tell a COMPLETE trial" (seen in CI
+    after a killed sweep re-queued two trials). With the lock taken at BEGIN, the second worker reads after the
+    first one's commit. SQLAlchemy's recipe for pysqlite ("Serializable isolation"); the connections opened while
+    the schema was checked are dropped so that every later one follows it.
+    """
+    import sqlalchemy
+
+    @sqlalchemy.event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection, connection_record) -> None:
+        dbapi_connection.isolation_level = None  # sqlite3 emits no BEGIN of its own; the listener below does
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _begin_immediate(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()
 
 
 def created_meanwhile(err: BaseException) -> bool:
