@@ -108,6 +108,19 @@ def med(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 4) if xs else None
 
 
+def pooled(runs: list[dict], figures) -> list[float]:
+    """The steady epoch pairs' figures of every run (`figures`: one run's list, e.g. bench_loops.epoch_ratios)."""
+    return [x for run in runs for x in figures(run)]
+
+
+def pooled_overheads(runs: list[dict]) -> tuple[list[float], list[float]]:
+    """Per step and per epoch overheads (ms) of every steady epoch pair of `runs` (bench_loops.overheads_ms)."""
+    from bench_loops import overheads_ms
+
+    per_run = [overheads_ms(run) for run in runs]
+    return [x for steps, _ in per_run for x in steps], [x for _, epochs in per_run for x in epochs]
+
+
 def ab(run_a, run_b, repeats: int) -> tuple[list, list]:
     """Alternate A and B (ABBA...) `repeats` times; return both result lists."""
     a, b = [], []
@@ -126,7 +139,6 @@ def bench_cpu(p: dict) -> dict:
         epoch_ratios,
         loader_samples_per_s,
         machine,
-        overheads_ms,
         steady_samples_per_s,
         stock_lightning_run,
         template_run,
@@ -178,7 +190,10 @@ def bench_cpu(p: dict) -> dict:
         for name in names if i % 2 == 0 else names[::-1]:
             got[name].append(arms[name]())
     t_runs, tuned_runs = got["template"], got["template_vs_tuned_loop"]
-    pairs = [x for t in t_runs for x in epoch_ratios(t)]
+    pairs = pooled(t_runs, epoch_ratios)
+    step_ms, epoch_ms = pooled_overheads(tuned_runs)
+    bare_step_ms, bare_epoch_ms = pooled_overheads(got["bare_lightning"])
+    stock_step_ms, stock_epoch_ms = pooled_overheads(got["stock_lightning"])
     cpu_pairs = [
         r / t
         for run in t_runs
@@ -192,12 +207,12 @@ def bench_cpu(p: dict) -> dict:
         "epoch_pairs": len(pairs),
         "run_ratios": [med(epoch_ratios(t)) for t in t_runs],
         "throughput_ratio_cpu_time": med(cpu_pairs),
-        "throughput_ratio_vs_tuned_loop": med([x for t in tuned_runs for x in epoch_ratios(t)]),
-        "throughput_ratio_vs_tuned_loop_iqr": _iqr([x for t in tuned_runs for x in epoch_ratios(t)]),
+        "throughput_ratio_vs_tuned_loop": med(pooled(tuned_runs, epoch_ratios)),
+        "throughput_ratio_vs_tuned_loop_iqr": _iqr(pooled(tuned_runs, epoch_ratios)),
         # Milliseconds the template adds per training step and per epoch (validation, logging, checkpoints,
         # epoch hooks), against the tuned loop, median over the steady epoch pairs (bench_loops.overheads_ms).
-        "per_step_overhead_ms": med([x for t in tuned_runs for x in overheads_ms(t)[0]]),
-        "per_epoch_overhead_ms": med([x for t in tuned_runs for x in overheads_ms(t)[1]]),
+        "per_step_overhead_ms": med(step_ms),
+        "per_epoch_overhead_ms": med(epoch_ms),
         "tuned_loop_step_ms": med(
             [r / t["steps_per_epoch"] * 1000 for t in tuned_runs for r in t["raw"]["train_seconds"][1:]]
         ),
@@ -210,20 +225,12 @@ def bench_cpu(p: dict) -> dict:
         ),
         "steps_per_epoch": t_runs[0]["steps_per_epoch"],
         # Lightning's loop alone (bench_loops.bare_lightning_run) against the tuned loop: the same figures.
-        "bare_lightning_vs_tuned_loop": med([x for b in got["bare_lightning"] for x in epoch_ratios(b)]),
-        "bare_lightning_per_step_overhead_ms": med(
-            [x for b in got["bare_lightning"] for x in overheads_ms(b)[0]]
-        ),
-        "bare_lightning_per_epoch_overhead_ms": med(
-            [x for b in got["bare_lightning"] for x in overheads_ms(b)[1]]
-        ),
-        "stock_lightning_vs_tuned_loop": med([x for b in got["stock_lightning"] for x in epoch_ratios(b)]),
-        "stock_lightning_per_step_overhead_ms": med(
-            [x for b in got["stock_lightning"] for x in overheads_ms(b)[0]]
-        ),
-        "stock_lightning_per_epoch_overhead_ms": med(
-            [x for b in got["stock_lightning"] for x in overheads_ms(b)[1]]
-        ),
+        "bare_lightning_vs_tuned_loop": med(pooled(got["bare_lightning"], epoch_ratios)),
+        "bare_lightning_per_step_overhead_ms": med(bare_step_ms),
+        "bare_lightning_per_epoch_overhead_ms": med(bare_epoch_ms),
+        "stock_lightning_vs_tuned_loop": med(pooled(got["stock_lightning"], epoch_ratios)),
+        "stock_lightning_per_step_overhead_ms": med(stock_step_ms),
+        "stock_lightning_per_epoch_overhead_ms": med(stock_epoch_ms),
         "template_warmup_epoch_seconds": med([t["epoch_seconds"][0] for t in t_runs]),
         "raw_warmup_epoch_seconds": med([t["raw"]["epoch_seconds"][0] for t in t_runs]),
         "template_steady_epoch_seconds": med([statistics.median(t["epoch_seconds"][1:]) for t in t_runs]),
@@ -280,15 +287,16 @@ def bench_cpu(p: dict) -> dict:
     # what grows with the batch size is work per sample, not loop overhead.
     for bs in p["batch_sizes"]:
         ts = tuned_runs if bs == 64 else [tmpl(bs, raw=tuned_loop) for _ in range(p["scaling_repeats"])]
+        ts_step_ms, ts_epoch_ms = pooled_overheads(ts)
         out["scaling"]["batch_size"][str(bs)] = {
             "template_samples_per_s": med([steady_samples_per_s(t) for t in ts]),
             "raw_loop_samples_per_s": med([steady_samples_per_s(t["raw"]) for t in ts]),
-            "ratio": med([x for t in ts for x in epoch_ratios(t)]),
+            "ratio": med(pooled(ts, epoch_ratios)),
             "tuned_loop_step_ms": med(
                 [r / t["steps_per_epoch"] * 1000 for t in ts for r in t["raw"]["train_seconds"][1:]]
             ),
-            "per_step_overhead_ms": med([x for t in ts for x in overheads_ms(t)[0]]),
-            "per_epoch_overhead_ms": med([x for t in ts for x in overheads_ms(t)[1]]),
+            "per_step_overhead_ms": med(ts_step_ms),
+            "per_epoch_overhead_ms": med(ts_epoch_ms),
             "train_metrics_update_ms": _metric_update_ms(bs),
         }
     for n in p["sizes"]:
@@ -370,8 +378,7 @@ def _paired(base: list, var: list) -> dict:
     option over default (so a machine that is slower during one run does not count as the option's effect)."""
     from bench_loops import epoch_ratios, steady_samples_per_s
 
-    b = [x for t in base for x in epoch_ratios(t)]
-    v = [x for t in var for x in epoch_ratios(t)]
+    b, v = pooled(base, epoch_ratios), pooled(var, epoch_ratios)
     return {
         "samples_per_s": med([steady_samples_per_s(t) for t in var]),
         "default_samples_per_s": med([steady_samples_per_s(t) for t in base]),

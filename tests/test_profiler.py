@@ -3,11 +3,12 @@ no-op context per call; any other profiler replaces it."""
 
 import contextlib
 
-import lightning as L
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.profilers import PassThroughProfiler, SimpleProfiler
 
 from project.cli import CONFIG_DIR, build_cli
 from project.profiler import NoProfiler
+from tests.conftest import quiet_trainer
 
 
 def test_the_default_config_runs_with_no_profiler_and_a_named_one_replaces_it():
@@ -35,19 +36,9 @@ class CountingNoProfiler(NoProfiler):
 
 def test_lightning_wraps_every_hook_in_it_and_gets_one_shared_context_that_nests(tmp_path):
     profiler = CountingNoProfiler()
-    trainer = L.Trainer(
-        max_epochs=1,
-        limit_train_batches=3,
-        limit_val_batches=1,
-        profiler=profiler,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
+    trainer = quiet_trainer(
+        max_epochs=1, limit_train_batches=3, limit_val_batches=1, profiler=profiler, default_root_dir=tmp_path
     )
-    from lightning.pytorch.demos.boring_classes import BoringModel
-
     trainer.fit(BoringModel())
     assert trainer.profiler is profiler
     # Lightning asked for a context at every step's hooks: the per-step work this profiler makes cheaper.

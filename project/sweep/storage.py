@@ -79,7 +79,8 @@ def _open_rdb(url: str, heartbeat: bool):
 
     parsed = sqlalchemy.engine.make_url(url)  # a malformed URL fails here, before any connection
     kwargs = {}
-    if parsed.get_backend_name() == "sqlite":
+    sqlite = parsed.get_backend_name() == "sqlite"
+    if sqlite:
         if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
             _check_folder(parsed.database, url)  # SQLite would say only "unable to open database file"
         # Several workers write one file: wait for SQLite's lock instead of failing after its default 5 s.
@@ -103,7 +104,7 @@ def _open_rdb(url: str, heartbeat: bool):
                 raise
             time.sleep(random.uniform(0.05, 0.25) * attempt)
         else:
-            if parsed.get_backend_name() == "sqlite":
+            if sqlite:
                 serialize_sqlite_transactions(storage.engine)
             return storage
 
