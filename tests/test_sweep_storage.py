@@ -263,7 +263,7 @@ def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path):
     for attempt in range(MAX_RETRY + 2):  # a worker on this machine, killed: its pid is gone
         killed = run_by_dead_worker(study)
         assert killed.params == {LR: 0.003} and killed.user_attrs["base_config"], (attempt, killed)
-        recover_dead_trials(study, tmp_path)
+        recover_dead_trials(study)
     # a worker on another machine, killed: Optuna's heartbeat fails its trial and calls the storage's callback
     callback = study._storage.get_heartbeat_stale_trial_callback()
     for _ in range(MAX_RETRY + 2):
@@ -333,14 +333,14 @@ def test_requeued_trial_is_never_failed_by_another_worker_while_its_worker_takes
     long enough for another worker's check to land in between and mark the live trial failed.)"""
     study = new_study(tmp_path)
     dead = run_by_dead_worker(study)
-    recover_dead_trials(study, tmp_path)  # the dead worker's trial: FAIL, its values queued again
+    recover_dead_trials(study)  # the dead worker's trial: FAIL, its values queued again
     (requeued,) = study.get_trials(states=(TrialState.WAITING,))
     assert requeued.params == dead.params
 
     seen = []
 
     def other_worker_checks(step: str) -> None:
-        recover_dead_trials(study, tmp_path)
+        recover_dead_trials(study)
         seen.append((step, study.get_trials(deepcopy=False)[requeued.number].state))
 
     sweep = make_sweep(tmp_path)
@@ -429,3 +429,36 @@ def test_a_queued_trial_goes_to_one_of_two_workers_asking_at_once(tmp_path):
         assert all(worker.exitcode == 0 for worker in workers)
         numbers = sorted(taken.get(timeout=5) for _ in workers)
         assert numbers == [0, 1], f"round {round_}: both workers took trial {numbers[0]}"
+
+
+def _recover(tmp_path: Path, barrier) -> None:
+    study = optuna.load_study(study_name="t", storage=open_storage(default_storage(tmp_path)))
+    barrier.wait()  # both workers look for dead workers' trials within a millisecond of each other
+    recover_dead_trials(study)
+
+
+@pytest.mark.claim("sweep-resume")
+def test_a_dead_workers_trial_is_queued_again_once_when_two_workers_recover_it_at_once(tmp_path):
+    """Two workers resuming together both see the dead worker's trial RUNNING; only one of them marks it failed and
+    queues its values again (on SQLite both did, when a transaction began only at its first write: the extra copy
+    then waited forever once n_trials were finished)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for round_ in range(10):
+        where = tmp_path / str(round_)
+        where.mkdir()
+        dead = run_by_dead_worker(new_study(where))
+        barrier = context.Barrier(2)
+        workers = [context.Process(target=_recover, args=(where, barrier)) for _ in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert all(worker.exitcode == 0 for worker in workers)
+        trials = optuna.load_study(study_name="t", storage=open_storage(default_storage(where))).get_trials()
+        assert trials[dead.number].state == TrialState.FAIL
+        waiting = [t for t in trials if t.state == TrialState.WAITING]
+        assert len(waiting) == 1 and waiting[0].params == dead.params, (
+            f"round {round_}: {len(waiting)} copies"
+        )

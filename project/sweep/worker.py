@@ -217,29 +217,19 @@ def process_alive(pid) -> bool:
         return True
 
 
-def recover_dead_trials(study: optuna.Study, sweep_dir: Path) -> None:
+def recover_dead_trials(study: optuna.Study) -> None:
     """RUNNING trials whose worker ran on this machine and is gone: FAIL, and their parameters re-queued.
 
-    Once per dead trial, under a file lock in the sweep directory: two workers resuming together both saw the
-    trial RUNNING, and SQLite let both mark it failed (its check and update are not one atomic step there), so its
-    parameters were queued twice and the extra copy waited forever once n_trials were finished (seen in CI).
+    Once per dead trial, also when workers resuming together all see it RUNNING: the first to mark it failed queues
+    it again, the others find it finished (`_fail_and_requeue`). On SQLite that holds because every transaction
+    takes the write lock when it begins (project/sweep/storage.py, serialize_sqlite_transactions); before, two
+    workers both marked it failed, and the extra copy of its parameters waited forever once n_trials were finished.
     """
-    from filelock import FileLock
-
     host = socket.gethostname()
-    candidates = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if t.user_attrs.get("host") == host
-        and t.user_attrs.get("pid") is not None
-        and not process_alive(t.user_attrs["pid"])
-    ]
-    if not candidates:
-        return  # the common case: no lock taken
-    with FileLock(str(Path(sweep_dir) / ".recover.lock")):
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):  # again, under the lock
-            if trial.number in {t.number for t in candidates}:
-                _fail_and_requeue(study, trial, host)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid = trial.user_attrs.get("pid")
+        if trial.user_attrs.get("host") == host and pid is not None and not process_alive(pid):
+            _fail_and_requeue(study, trial, host)
 
 
 def _fail_and_requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial, host: str) -> None:
@@ -247,7 +237,7 @@ def _fail_and_requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial, host
     try:
         study.tell(trial.number, state=TrialState.FAIL)
     except (RuntimeError, ValueError):
-        return  # a worker on another machine got there first
+        return  # another worker got there first
     failed = next(t for t in study.get_trials(deepcopy=True) if t.number == trial.number)
     study.set_user_attr(f"dead_worker_{trial.number}", f"pid {pid} on {host}")
     requeue_dead_trial(study, failed)
@@ -265,7 +255,7 @@ def run_worker(sweep: Sweep, study: optuna.Study) -> int:
         sweep.n_trials, states=FINISHED
     )  # stops this worker when others finished the count
     while True:
-        recover_dead_trials(study, sweep.sweep_dir)
+        recover_dead_trials(study)
         trials = study.get_trials(deepcopy=False)
         finished = sum(t.state in FINISHED for t in trials)
         running = sum(t.state == TrialState.RUNNING for t in trials)
