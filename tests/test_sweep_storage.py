@@ -437,7 +437,7 @@ def _recover(tmp_path: Path, barrier) -> None:
     recover_dead_trials(study)
 
 
-@pytest.mark.claim("sweep-resume")
+@pytest.mark.claim("sweep-resume", "sweep-workers")
 def test_a_dead_workers_trial_is_queued_again_once_when_two_workers_recover_it_at_once(tmp_path):
     """Two workers resuming together both see the dead worker's trial RUNNING; only one of them marks it failed and
     queues its values again (on SQLite both did, when a transaction began only at its first write: the extra copy
