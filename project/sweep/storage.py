@@ -117,7 +117,7 @@ def serialize_sqlite_transactions(engine) -> None:
     write, so two workers starting together both read the trial as WAITING and both took it: they ran the same
     trial in the same directory, and the second to finish failed with "Cannot tell a COMPLETE trial" (seen in CI
     after a killed sweep re-queued two trials). With the lock taken at BEGIN, the second worker reads after the
-    first one's commit. SQLAlchemy's recipe for pysqlite ("Serializable isolation"); the connections opened while
+    first one's commit; the same makes a dead worker's trial failed and re-queued once (worker.recover_dead_trials). SQLAlchemy's recipe for pysqlite ("Serializable isolation"); the connections opened while
     the schema was checked are dropped so that every later one follows it.
     """
     import sqlalchemy
