@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -18,16 +19,15 @@ import yaml
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ProgressBar
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project import run_dir
+from project import links, run_dir
 from project.callbacks.log_config import LogConfig
 from project.callbacks.report import RunReport
 from project.checkpoint import check_checkpoint, read_checkpoint
 from project.console import drop_inapplicable_messages
 from project.distributed import describe_world, env_rank, quiet_non_zero_ranks, share_cpu_threads
 from project.errors import ConfigError, exit_on_user_error
-from project.parse_errors import constructor_parameters
 from project.parse_errors import explain as explain_parse_error
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -39,6 +39,15 @@ def auto_precision() -> str:
     if torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     return "32-true"
+
+
+class ProjectParser(LightningArgumentParser):
+    """jsonargparse hands a function's parser the link targets it gives a class's (`linked_targets`), which
+    add_function_arguments does not take: a builder function (torchvision.models.resnet18) as the model failed to
+    parse. They are accepted here; jsonargparse then makes the linked arguments optional, as for a class."""
+
+    def add_function_arguments(self, function, *args, linked_targets=None, **kwargs) -> list[str]:
+        return super().add_function_arguments(function, *args, **kwargs)
 
 
 class ProjectCLI(LightningCLI):
@@ -55,7 +64,9 @@ class ProjectCLI(LightningCLI):
         self.only_subcommands = tuple(only_subcommands) if only_subcommands else None
         # LightningCLI parses sys.argv when given no args: the command line Lightning's DDP launcher re-runs.
         self.parsed_sys_argv = kwargs.get("args") is None
-        self.links = DATA_TO_MODEL  # until the parsed config names the classes (parse_arguments)
+        # Link targets until the parsed config names the classes (parse_arguments, project/links.py)
+        self.link_targets = [target for _, target in links.DATA_TO_MODEL]
+        self.links: dict[str, links.Link] = {}
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:  # LightningCLI calls it on the instance
@@ -82,8 +93,11 @@ class ProjectCLI(LightningCLI):
             "config's RunCheckpoint every_n_train_steps; its wall-clock interval stays on).",
         )
         parser.set_defaults({"trainer.precision": auto_precision()})
-        for source, target in self.links:
-            parser.link_arguments(source, target, apply_on="instantiate")
+        for target in self.link_targets:  # the value comes from the plan made after parsing (self.links)
+            parser.link_arguments("data", target, partial(self.link_value, target), apply_on="instantiate")
+
+    def link_value(self, target: str, data):
+        return self.links[target].value(data)
 
     def setup_parser(self, *args, **kwargs) -> None:
         self.parser_setup = (args, kwargs)  # to build it again with other links (parse_arguments)
@@ -92,12 +106,14 @@ class ProjectCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
-        links = data_to_model_links(self.config[subcommand] if subcommand else self.config)
-        if links != list(self.links):
-            # A class that does not take every linked argument (any LightningModule): parsed again by a parser with
-            # only the links its classes take. A link to an argument a class lacks is skipped by the parser but
-            # still handed to Lightning's hyperparameter recording, which then failed an assertion.
-            self.links = links
+        self.links = {
+            link.target: link for link in links.plan(self.config[subcommand] if subcommand else self.config)
+        }
+        if list(self.links) != self.link_targets:
+            # Only the links the classes take, and not over a value the user gave: a link to an argument a class
+            # lacks is skipped by the parser but still handed to Lightning's hyperparameter recording, which then
+            # failed an assertion; a link writes over the user's value.
+            self.link_targets = list(self.links)
             setup_args, setup_kwargs = self.parser_setup
             super().setup_parser(*setup_args, **setup_kwargs)
             super().parse_arguments(self.parser, args)
@@ -177,28 +193,6 @@ class ProjectCLI(LightningCLI):
             print_run_dir(Path(self.trainer.default_root_dir))
 
     after_validate = after_test
-
-
-# The data decides classes and input shape; the module and its nested model receive them, never typed twice.
-DATA_TO_MODEL = (
-    ("data.num_classes", "model.init_args.num_classes"),
-    ("data.input_shape", "model.init_args.input_shape"),
-    ("data.num_classes", "model.init_args.model.init_args.num_classes"),
-    ("data.in_channels", "model.init_args.model.init_args.in_channels"),
-)
-
-
-def data_to_model_links(config: Namespace) -> list[tuple[str, str]]:
-    """The DATA_TO_MODEL links whose target the configured class takes as a named argument (any LightningModule
-    is accepted: configs/autoencoder.yaml's takes `input_shape` only and has no nested `model`)."""
-    links = []
-    for source, target in DATA_TO_MODEL:
-        owner, _, name = target.rpartition(".init_args.")
-        node = config.get(owner)
-        class_path = node.get("class_path") if isinstance(node, Namespace) else None
-        if class_path and name in constructor_parameters(class_path):
-            links.append((source, target))
-    return links
 
 
 def hyperparameter_dump(parser, config: Namespace) -> dict:
@@ -304,6 +298,7 @@ def build_cli(
         L.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        parser_class=ProjectParser,
         save_config_callback=LogConfig,  # config.yaml without secrets, config + sizes logged as hparams
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites config.yaml in place
         # No top-level --optimizer/--lr_scheduler: LightningCLI's would replace the module's configure_optimizers

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from project.autoencoder import DenoisingAutoencoder
-from project.cli import DATA_TO_MODEL, data_to_model_links
+from project.links import DATA_TO_MODEL, plan
 from tests.conftest import CONFIGS, read_summary
 
 TRAIN = "make train CONFIG=configs/autoencoder.yaml"
@@ -53,21 +53,23 @@ def test_another_task_trains_tests_and_reloads(autoencoder_run):
 def test_links_reach_only_the_arguments_each_class_takes():
     from jsonargparse import Namespace
 
-    def config(model: dict) -> Namespace:
-        return Namespace(model=Namespace(model))
+    def targets(model) -> list[str]:
+        return [link.target for link in plan(Namespace(model=model))]
 
     classifier = yaml.safe_load((CONFIGS / "default.yaml").read_text())["model"]
-    assert data_to_model_links(config(classifier_namespace(classifier))) == list(DATA_TO_MODEL)
-    autoencoder = Namespace(class_path="project.autoencoder.DenoisingAutoencoder", init_args=Namespace())
-    assert data_to_model_links(config({"class_path": autoencoder.class_path, "init_args": Namespace()})) == [
-        ("data.input_shape", "model.init_args.input_shape")
-    ]
+    assert targets(classifier_namespace(classifier)) == [target for _, target in DATA_TO_MODEL]
+    autoencoder = Namespace(
+        class_path="project.autoencoder.DenoisingAutoencoder",
+        init_args=Namespace(input_shape=None, code_size=16, noise_std=0.3),
+    )
+    assert targets(autoencoder) == ["model.init_args.input_shape"]
 
 
 def classifier_namespace(model: dict) -> dict:
     """configs/default.yaml's model section as the parser gives it: nested class_path/init_args as Namespaces."""
     from jsonargparse import Namespace
 
-    nested = model["init_args"]["model"]
-    init = dict(model["init_args"], model=Namespace(class_path=nested["class_path"], init_args=Namespace()))
-    return {"class_path": model["class_path"], "init_args": Namespace(**init)}
+    nested = Namespace(class_path=model["init_args"]["model"]["class_path"], init_args=Namespace(num_classes=None))
+    nested.init_args.in_channels = 1  # the parser fills in the defaults
+    init = dict(model["init_args"], model=nested, num_classes=None, input_shape=None)
+    return Namespace(class_path=model["class_path"], init_args=Namespace(**init))

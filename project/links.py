@@ -1,0 +1,86 @@
+"""The data decides num_classes, in_channels and input_shape; the module and its model receive them, never typed.
+
+A value reaches an argument only when the target (a class or a builder function such as
+`torchvision.models.resnet18`) takes it, the data module knows it (its attribute is not None) and the user gave
+none (a value other than the argument's default). jsonargparse's links (ProjectCLI.add_arguments_to_parser) do
+the writing; this module decides which to make: by themselves they write the source's value, None included, over
+the default and over what the user typed.
+"""
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from jsonargparse import ArgumentParser, Namespace
+
+from project.errors import ConfigError
+
+# (the data module's attribute, the argument it fills)
+DATA_TO_MODEL = (
+    ("num_classes", "model.init_args.num_classes"),
+    ("input_shape", "model.init_args.input_shape"),
+    ("num_classes", "model.init_args.model.init_args.num_classes"),
+    ("in_channels", "model.init_args.model.init_args.in_channels"),
+)
+
+
+@dataclass(frozen=True)
+class Link:
+    attribute: str  # of the data module
+    target: str  # config key
+    callable_path: str  # the class or function that takes it
+    default: Any  # the argument's default (inspect.Parameter.empty when it has none)
+
+    def value(self, data) -> Any:
+        """The data's value, else the argument's default; a required argument the data cannot fill is an error."""
+        found = getattr(data, self.attribute, None)
+        if found is not None:
+            return found
+        if self.default is inspect.Parameter.empty:
+            raise ConfigError(
+                f"{self.callable_path} needs `{self.attribute.split('.')[-1]}`, and the data module "
+                f"({type(data).__name__}) does not say it (no `{self.attribute}` attribute, or None). Give it: "
+                f"--{self.target} <value>."
+            )
+        return self.default
+
+
+def plan(config: Namespace) -> list[Link]:
+    """The links that apply to this parsed config (one subcommand's part)."""
+    links = []
+    for attribute, target in DATA_TO_MODEL:
+        owner, _, name = target.rpartition(".init_args.")
+        node = config.get(owner)
+        if not isinstance(node, Namespace) or not node.get("class_path"):
+            continue
+        init = node.get("init_args") or Namespace()
+        if name not in init:  # jsonargparse lists the arguments it found (through **kwargs too)
+            continue
+        default = argument_default(node.class_path, name)
+        given = init[name]
+        if given is not None and (default is inspect.Parameter.empty or given != default):
+            continue  # the user's value
+        links.append(Link(attribute, target, node.class_path, default))
+    return links
+
+
+def argument_default(callable_path: str, name: str) -> Any:
+    """The default of argument `name` as the parser sees it (through **kwargs too); Parameter.empty if required."""
+    import pydoc
+
+    target = pydoc.locate(callable_path)
+    parser = ArgumentParser(exit_on_error=False)
+    add = parser.add_class_arguments if isinstance(target, type) else parser.add_function_arguments
+    add(target, fail_untyped=False, sub_configs=True)
+    default = parser.get_defaults(skip_validation=True).get(name)
+    if default is None:  # None, or required (a linked argument is optional to the parser)
+        signatures = (
+            [vars(k).get("__init__") for k in inspect.getmro(target)]
+            if add == parser.add_class_arguments
+            else [target]
+        )
+        for function in filter(None, signatures):
+            parameter = inspect.signature(function).parameters.get(name)
+            if parameter is not None:
+                return inspect.Parameter.empty if parameter.default is parameter.empty else parameter.default
+    return default
