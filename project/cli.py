@@ -107,7 +107,11 @@ class ProjectCLI(LightningCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         self.links = {
-            link.target: link for link in links.plan(self.config[subcommand] if subcommand else self.config)
+            link.target: link
+            for link in links.plan(
+                self.config[subcommand] if subcommand else self.config,
+                links.given_keys(sys.argv[1:] if args is None else args, [str(CONFIG_DIR / "default.yaml")]),
+            )
         }
         if list(self.links) != self.link_targets:
             # Only the links the classes take, and not over a value the user gave: a link to an argument a class
@@ -385,6 +389,8 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     quiet_non_zero_ranks()  # DDP: rank 0 speaks for the run
     drop_inapplicable_messages()  # Lightning's ads; a CSVLogger warning the run dir always triggered
+    finished = False
+    run_dir.STARTED.clear()
     try:
         with exit_on_user_error():  # a ConfigError (or running out of GPU memory): one paragraph, exit code 2
             refuse_top_level_optimizer(argv)
@@ -395,10 +401,13 @@ def main(args: list[str] | None = None) -> None:
             elif resumed is not argv:
                 args = resumed
             build_cli(args)
+            finished = True
     except ArgumentError as err:
         print(f"\nerror: {explain_parse_error(str(err), argv)}\n", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:
+        if not finished:
+            run_dir.discard_if_no_checkpoint()
         # A second run in this process (a notebook, a test, a sweep) starts its own W&B session: WandbLogger would
         # attach to a run still open (flushed only at exit), and W&B's setup keeps the environment it first saw
         # (WANDB_MODE, WANDB_BASE_URL, the key) and its service process for the rest of the process: finish() ends

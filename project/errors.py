@@ -53,9 +53,34 @@ def exit_on_user_error() -> Iterator[None]:
     except Exception as err:
         paragraph = user_error_paragraph(err)
         if paragraph is None:
-            raise
+            where = user_code_frame(err)
+            if where is None:  # a bug of the template or a library: its traceback, as Python prints it
+                raise
+            import traceback
+
+            print(f"\nerror: raised in your code, {where}; its traceback:\n", file=sys.stderr, flush=True)
+            traceback.print_exc()
+            sys.exit(1)
         print(f"\nerror: {paragraph}\n", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+def user_code_frame(err: BaseException) -> str | None:
+    """'file:line in function' of the innermost frame outside Python, the installed packages and this package
+    (the user's model, collate_fn, dataset), or None. A DataLoader worker's error carries its traceback as text."""
+    import sysconfig
+    import traceback
+    from pathlib import Path
+
+    paths = sysconfig.get_paths()
+    library = tuple(str(Path(paths[k]).resolve()) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    library += (str(Path(__file__).resolve().parent), str(Path(sys.prefix).resolve()))
+    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(err.__traceback__)]
+    frames += re.findall(r'File "([^"]+)", line (\d+), in (\S+)', str(err))
+    for filename, line, name in reversed(frames):
+        if not filename.startswith("<") and not str(Path(filename).resolve()).startswith(library):
+            return f"{filename}:{line} in {name}"
+    return None
 
 
 def nondeterministic_op_error(err: BaseException) -> ConfigError | None:

@@ -45,8 +45,8 @@ class Link:
         return self.default
 
 
-def plan(config: Namespace) -> list[Link]:
-    """The links that apply to this parsed config (one subcommand's part)."""
+def plan(config: Namespace, given: set[str] = frozenset()) -> list[Link]:
+    """The links that apply to this parsed config (one subcommand's part); `given`: the keys the user set."""
     links = []
     for attribute, target in DATA_TO_MODEL:
         owner, _, name = target.rpartition(".init_args.")
@@ -56,12 +56,36 @@ def plan(config: Namespace) -> list[Link]:
         init = node.get("init_args") or Namespace()
         if name not in init:  # jsonargparse lists the arguments it found (through **kwargs too)
             continue
-        default = argument_default(node.class_path, name)
-        given = init[name]
-        if given is not None and (default is inspect.Parameter.empty or given != default):
-            continue  # the user's value
-        links.append(Link(attribute, target, node.class_path, default))
+        if target not in given:  # not the parsed value: a class path change keeps the old class's values
+            links.append(Link(attribute, target, node.class_path, argument_default(node.class_path, name)))
     return links
+
+
+def given_keys(args: list[str] | dict, config_files: list[str] = ()) -> set[str]:
+    """The dotted keys a command sets: its `--key value` flags and the keys of its YAML files (`--config`)."""
+    import yaml
+
+    keys, documents = set(), [yaml.safe_load(open(f, encoding="utf-8")) for f in config_files]
+    if isinstance(args, dict):
+        documents.append(args)
+    else:
+        for i, arg in enumerate(args):
+            if arg in ("--config", "-c") and i + 1 < len(args):
+                documents.append(yaml.safe_load(open(args[i + 1], encoding="utf-8")))
+            elif arg.startswith("--"):
+                keys.add(arg[2:].split("=", 1)[0])
+    for document in documents:
+        keys |= _flat_keys(document) if isinstance(document, dict) else set()
+    return keys
+
+
+def _flat_keys(node: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in node.items():
+        keys.add(prefix + str(key))
+        if isinstance(value, dict):
+            keys |= _flat_keys(value, f"{prefix}{key}.")
+    return keys
 
 
 def argument_default(callable_path: str, name: str) -> Any:

@@ -20,6 +20,7 @@ the data has been checked.
 
 import errno
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -38,6 +39,9 @@ LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 class RunDir:
     path: Path  # this command's logs, config.yaml, summary.json, report.png
     checkpoints: Path  # where ModelCheckpoint writes and `--ckpt_path last` looks
+
+
+STARTED: list[RunDir] = []  # run directories that this process's commands created (discard_if_no_checkpoint)
 
 
 def checkpoint_run(ckpt_path: str | Path | None) -> Path | None:
@@ -118,6 +122,8 @@ def prepare(config, subcommand: str, command_line: bool) -> RunDir:
     given = config.get("run_dir")
     run = choose(subcommand, given, config.get("ckpt_path"))
     check_writable(run.path)
+    if not run.path.exists():
+        STARTED.append(run)
     config.run_dir = str(run.path)  # recorded in config.yaml
     trainer = config.trainer
     trainer.default_root_dir = str(run.path)
@@ -131,6 +137,15 @@ def prepare(config, subcommand: str, command_line: bool) -> RunDir:
     if command_line and not given:
         sys.argv += ["--run_dir", str(run.path)]
     return run
+
+
+def discard_if_no_checkpoint() -> None:
+    """After a command that failed: remove the run directories it created that hold no checkpoint, so that no
+    half-started run is listed by `make tensorboard` or mixed into the next run (rank 0 removes)."""
+    while STARTED:
+        run = STARTED.pop()
+        if env_rank() == 0 and not any(run.checkpoints.glob("*.ckpt")):
+            shutil.rmtree(run.path, ignore_errors=True)
 
 
 def _is_checkpoint(class_path: str) -> bool:
