@@ -7,26 +7,6 @@ from torch import Tensor, nn
 
 from project.errors import ConfigError
 
-_HEADS = ("fc.", "classifier.", "head.", "heads.")  # state-dict prefixes of the layers _replace_head swaps
-
-
-def _replace_head(model: nn.Module, num_classes: int) -> None:
-    """Swap the last Linear layer (fc, classifier[-1], heads.head, ...) for one with `num_classes` outputs."""
-    for attr in ("fc", "classifier", "head", "heads"):
-        holder = getattr(model, attr, None)
-        if holder is None:
-            continue
-        if isinstance(holder, nn.Linear):
-            setattr(model, attr, nn.Linear(holder.in_features, num_classes))
-            return
-        linears = [(name, m) for name, m in holder.named_modules() if isinstance(m, nn.Linear)]
-        if linears:
-            name, last = linears[-1]
-            parent = holder.get_submodule(name.rpartition(".")[0]) if "." in name else holder
-            setattr(parent, name.rpartition(".")[2], nn.Linear(last.in_features, num_classes))
-            return
-    raise ConfigError(f"Cannot find the classification head of {type(model).__name__} to resize it.")
-
 
 class TorchvisionClassifier(nn.Module):
     """A `torchvision.models` classifier, e.g. `resnet18`, `mobilenet_v3_small`, `efficientnet_b0`.
@@ -54,15 +34,26 @@ class TorchvisionClassifier(nn.Module):
             self.net = torchvision.models.get_model(name, weights=weights if use_builtin else None)
         except OSError as err:  # not in torchvision's cache and the download failed (URLError is an OSError)
             raise ConfigError(_weights_unavailable(name, weights, err)) from err
+        # googlenet, inception_v3: drop the aux heads, so that train-mode forward returns logits, not a tuple
+        if getattr(self.net, "aux_logits", False):
+            self.net.aux_logits, self.net.aux1, self.net.aux2, self.net.AuxLogits = False, None, None, None
+        # The head of every torchvision classifier: its last Linear, or 1x1 Conv2d (SqueezeNet's).
+        head = [n for n, m in self.net.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))][-1]
         if weights is not None and not use_builtin:
-            missing, unexpected = self.net.load_state_dict(_load_local_weights(weights), strict=False)
-            missing = [k for k in missing if not k.startswith(_HEADS)]  # the head is replaced below anyway
+            skip = (f"{head}.", "aux1.", "aux2.", "AuxLogits.")  # the old head (replaced below), aux heads
+            state = {k: v for k, v in _load_local_weights(weights).items() if not k.startswith(skip)}
+            missing, unexpected = self.net.load_state_dict(state, strict=False)
+            missing = [k for k in missing if not k.startswith(skip)]
             if missing or unexpected:  # strict=False alone would silently keep random weights
                 raise ConfigError(
                     f"'{weights}' does not fit torchvision's {name}: {len(missing)} missing keys (e.g. "
                     f"{missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). Use a state dict of {name}."
                 )
-        _replace_head(self.net, num_classes)
+        old = self.net.get_submodule(head)
+        if isinstance(old, nn.Linear):
+            self.net.set_submodule(head, nn.Linear(old.in_features, num_classes))
+        else:
+            self.net.set_submodule(head, nn.Conv2d(old.in_channels, num_classes, 1))
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, num_classes)
         if x.shape[1] == 1 and self.in_channels == 1:
@@ -77,9 +68,7 @@ def _load_local_weights(path: str) -> dict:
             "or set weights to a torchvision name such as DEFAULT when the file is in torchvision's cache "
             f"({torch.hub.get_dir()}/checkpoints)."
         )
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    # Drop the old head: it is replaced for num_classes anyway.
-    return {k: v for k, v in state.items() if not k.startswith(_HEADS)}
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _weights_unavailable(name: str, weights: str, err: Exception) -> str:
