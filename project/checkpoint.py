@@ -10,8 +10,8 @@
   against an allowlist (this project, torchvision.models, torch.nn, torch.optim, plus what the user passes with
   --allow_class) before anything is imported. Lightning's `load_from_checkpoint` checks only the top-level
   class, and its `instantiate_module` imports every nested class path the file names; `weights_only=True`
-  guards the unpickling, not this. A config.yaml next to the checkpoint is not read: it is no more trusted than
-  the checkpoint.
+  guards the unpickling, not this. A run's config.yaml, which export reads for a data module that saved no
+  hyperparameters, is no more trusted than the checkpoint: held to the same list.
 
 This file imports only torch: predict and export read checkpoints without importing Lightning (~3 s). Writing
 checkpoints is project/checkpoint_io.py (AtomicCheckpointIO, a Lightning plugin).

@@ -188,8 +188,10 @@ class ProjectCLI(LightningCLI):
             best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
             trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
         finish_wandb()  # its footer prints here, above the summary: the run directory stays the last line
-        if trainer.is_global_zero:
-            print_summary(Path(trainer.default_root_dir))
+        if trainer.is_global_zero:  # with what predict and export lack of the data module's state (or None)
+            print_summary(
+                Path(trainer.default_root_dir), self.datamodule.state_dict() if self.datamodule else None
+            )
 
     def after_test(self) -> None:
         finish_wandb()
@@ -243,13 +245,18 @@ def step_checkpoint(callbacks: list | None, every_n_steps: int) -> None:
 SUMMARY_FIRST = ("test_acc", "test_loss", "best_val_acc", "epochs", "train_seconds")
 
 
-def print_summary(run_dir: Path) -> None:
-    """The run's summary.json as a table (the test result first), what to look at or run next, then the run dir."""
+def print_summary(run_dir: Path, data_state: dict | None = None) -> None:
+    """The run's summary.json as a table (the test result first), what to look at or run next, then the run dir.
+    make predict and make export are named when the data module's state has what they read (contract_gaps), and a
+    note says what it lacks (none for a DatasetDataModule, whose data is not images)."""
     import json
 
     from rich.console import Console
     from rich.table import Table
 
+    from project.inference import contract_gaps
+
+    gaps = contract_gaps(data_state)
     path = run_dir / "summary.json"
     if path.exists():
         summary = json.loads(path.read_text())
@@ -269,7 +276,7 @@ def print_summary(run_dir: Path) -> None:
         if report.exists():
             drawn = ", confusion matrix, wrong images" if classifier else ""
             print(f"Report: {report} (curves, learning rate{drawn})", flush=True)
-        if not classifier:
+        if not classifier or gaps:
             print("Next: make tensorboard", flush=True)
         elif best:
             print(
@@ -277,6 +284,13 @@ def print_summary(run_dir: Path) -> None:
                 f"make export CKPT={best}",
                 flush=True,
             )
+    if gaps and not (data_state or {}).get("dataset"):
+        print(
+            f"note: make predict and make export need the data module's state_dict() to return {', '.join(gaps)} "
+            '(docs/data.md "Predict and export").',
+            file=sys.stderr,
+            flush=True,
+        )
     print_run_dir(run_dir)
 
 

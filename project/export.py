@@ -5,8 +5,9 @@ torch.export cannot trace the model; model.onnx then comes from that trace) and 
 names, input shape, normalisation).
 
 The model is rebuilt without Lightning (project/inference.py). The real test batches of the check come from the
-run's own data module, a LightningDataModule, so that step (on by default, --check_batches 0 skips it) imports
-Lightning; its class paths pass the same allowlist first.
+run's own data module, a LightningDataModule rebuilt from the hyperparameters it saved or else from its run's
+config.yaml, so that step (on by default, --check_batches 0 skips it) imports Lightning; its class paths pass the
+same allowlist first.
 """
 
 import json
@@ -14,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import yaml
 from torch import Tensor, nn
 
 from project.atomic import atomic_path, atomic_write, write_text_atomic
@@ -48,8 +50,7 @@ def export(
     prep = preprocessing_of(checkpoint, ckpt_path)
     # The bare nn.Module, in eval mode: dropout off and BatchNorm on running statistics in the exported graph.
     model = load_model(checkpoint, ckpt_path, allow)
-    data_hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
-    data_hparams.pop("_instantiator", None)
+    data_hparams = _data_hparams(checkpoint, ckpt_path)
     check_class_paths(data_hparams, allow, ckpt_path, dotted_strings=True)  # before anything is written
     out = Path(out_dir) if out_dir else (checkpoint_run(ckpt_path) or Path(".")) / "export"
     out.mkdir(parents=True, exist_ok=True)
@@ -137,9 +138,28 @@ def _check(name: str, run, model: nn.Module, inputs: dict[str, Tensor]) -> None:
             )
 
 
+def _data_hparams(checkpoint: dict, ckpt_path: str) -> dict:
+    """How to rebuild the run's data module: the hyperparameters it saved (save_hyperparameters()), or for a data
+    module that saves none the data section of its run's config.yaml (LightningCLI writes one for every run)."""
+    hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    hparams.pop("_instantiator", None)
+    run = checkpoint_run(ckpt_path)
+    if "_class_path" not in hparams and run is not None and (run / "config.yaml").is_file():
+        data = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("data") or {}
+        if "class_path" in data:
+            hparams = {"_class_path": data["class_path"], **(data.get("init_args") or {})}
+    return hparams
+
+
 def _real_batches(hparams: dict, n: int) -> dict[str, Tensor]:
     """Up to n batches of the run's test split, rebuilt from the saved data hyperparameters (already checked
     against the allowlist)."""
+    if n > 0 and "_class_path" not in hparams:
+        print(
+            "  (no real inputs: neither the checkpoint (its data module's save_hyperparameters()) nor a "
+            "runs/<run>/config.yaml above it says how to rebuild the data module)",
+            flush=True,
+        )
     if n <= 0 or "_class_path" not in hparams:
         return {}
     import lightning as L

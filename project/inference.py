@@ -62,15 +62,35 @@ class Preprocessing:
         }
 
 
+# The predict/export contract (docs/data.md "Predict and export"): all that predict and export read of the data
+# module, from its state_dict() in the checkpoint: class_names (list of str), input_shape ((C, H, W)), and mean and
+# std (per-channel lists: the normalisation applied to pixels in [0, 1]).
+CONTRACT = ("class_names", "input_shape", "mean", "std")
+
+
+def contract_gaps(data) -> list[str]:
+    """The CONTRACT keys that a data module's state_dict() (or that state itself) lacks or leaves None."""
+    state = data.state_dict() if hasattr(data, "state_dict") else data
+    return [k for k in CONTRACT if not isinstance(state, dict) or state.get(k) is None]
+
+
 def preprocessing_of(checkpoint: dict, path: str | os.PathLike = "checkpoint") -> Preprocessing:
     # The data module's state_dict is stored under its class name; find it by content, not by name.
-    state = next((v for v in checkpoint.values() if isinstance(v, dict) and "class_names" in v), None)
-    if state is not None and state.get("dataset") and state.get("mean") is None:
+    key = next((k for k, v in checkpoint.items() if isinstance(v, dict) and "class_names" in v), None)
+    state = checkpoint[key] if key else {}
+    if state.get("dataset") and state.get("mean") is None:
         raise ConfigError(not_image_checkpoint(path, state["dataset"]))
-    if state is None or state.get("mean") is None:
+    if gaps := contract_gaps(state):
+        data = (checkpoint.get("datamodule_hyper_parameters") or {}).get("_class_path") or key
         raise ConfigError(
-            f"'{path}' holds no class names and normalisation (the data module's state). "
-            "It was not written by this project's `make train`; retrain, or use a checkpoint from runs/<run>/checkpoints/."
+            f"'{path}' lacks {', '.join(gaps)} in its data module's state, which predict and export read: "
+            f"{f'the data module ({data})' if data else 'the data module'} must return class_names (list of "
+            "str), input_shape ((C, H, W)), mean and std (per channel, the normalisation applied to pixels in "
+            '[0, 1]) from state_dict() (docs/data.md "Predict and export"), e.g.\n'
+            "    def state_dict(self):\n"
+            '        return {"class_names": self.class_names, "input_shape": [3, 32, 32],\n'
+            '                "mean": [0.49, 0.48, 0.45], "std": [0.25, 0.24, 0.26]}\n'
+            "and train again: a checkpoint holds what its run saved."
         )
     c, h, w = state["input_shape"]
     return Preprocessing(list(state["class_names"]), list(state["mean"]), list(state["std"]), (c, h, w))
