@@ -79,6 +79,7 @@ def _one_paragraph(stderr: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.claim("predict-export-contract")
 def test_a_user_data_module_with_the_contract_predicts_and_exports(user_data, capsys):
     out, err = _fit("Blobs", user_data / "run", capsys)
     assert "note:" not in err
@@ -105,6 +106,7 @@ def test_a_user_data_module_with_the_contract_predicts_and_exports(user_data, ca
 
 
 @pytest.mark.slow
+@pytest.mark.claim("predict-export-contract")
 def test_a_user_data_module_without_mean_and_std(user_data, capsys):
     out, err = _fit("NoStats", user_data / "run", capsys)
     notes = [ln for ln in err.splitlines() if ln.startswith("note:")]
