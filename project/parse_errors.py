@@ -27,7 +27,8 @@ TOP_LEVEL += ("checkpoint_every_n_steps",)
 
 def explain(message: str, argv: Sequence[str]) -> str:
     """One paragraph for a refused argument, with `did you mean` where a close match exists."""
-    for explain_case in (_unknown_option, _missing_module, _missing_attribute, _unrecognized):
+    cases = (_positional_dataset, _unannotated_function, _unknown_option, _missing_module, _missing_attribute)
+    for explain_case in (*cases, _unrecognized):
         text = explain_case(message, argv)
         if text:
             return text
@@ -89,6 +90,51 @@ def _unknown_option(message: str, argv: Sequence[str]) -> str | None:
     return (
         f"{where}: {owner} takes no argument '{name}'.{_closest(name, params)}{listed} Every key: python -m project "
         "fit --help-all."
+    )
+
+
+def _positional_dataset(message: str, argv: Sequence[str]) -> str | None:
+    """A Dataset whose constructor takes positional arguments only (TensorDataset(*tensors)): a config names every
+    argument, and a function that builds the dataset takes the class's place."""
+    found = re.search(
+        r'Parser key "(\w+)":\s*Problem with given class_path \'([\w.]+)\':\s*'
+        r"(?:Option '(\w+)' is not accepted|'list' object has no attribute 'keys')",
+        message,
+    )
+    cls = found and pydoc.locate(found[2])
+    if not (isinstance(cls, type) and any(k.__name__ == "Dataset" for k in cls.__mro__)):
+        return None
+    key, path, option = found.groups()
+    star = [p.name for p in inspect.signature(cls).parameters.values() if p.kind == p.VAR_POSITIONAL]
+    if not star or (option and _closest(option, constructor_parameters(path))):
+        return None
+    flag = _flag(argv, option or key)
+    where = flag if flag.startswith("--") else key
+    return (
+        f"{where}: {path} takes its arguments by position (*{star[0]}), and a config gives arguments by name "
+        "only. Write a function that builds the dataset, annotated to return a Dataset, and give its import path "
+        "as the class_path (a function works wherever a class does):\n  my_data.py:  def make_dataset(n: int = "
+        f"100) -> Dataset: return {cls.__name__}(torch.randn(n, 8), torch.arange(n) % 2)\n  the config:  {key}: "
+        "{class_path: my_data.make_dataset, init_args: {n: 100}}"
+    )
+
+
+def _unannotated_function(message: str, argv: Sequence[str]) -> str | None:
+    found = re.search(r"Import path ([\w.]+) does not correspond to a subclass of (\w+)", message)
+    function = found and pydoc.locate(found[1])
+    if not inspect.isfunction(function):
+        return None
+    path, base = found.groups()
+    returns = inspect.signature(function).return_annotation
+    said = (
+        "has no return annotation"
+        if returns is inspect.Signature.empty
+        else f"is annotated to return {getattr(returns, '__name__', returns)}"
+    )
+    return (
+        f"{_flag_of_value(argv, path)}: the function {path} {said}. A function takes the place of a {base} class "
+        f"only when it says it returns one: def {function.__name__}(...) -> {base}: (with {base} imported in "
+        "your file)."
     )
 
 

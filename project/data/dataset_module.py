@@ -33,7 +33,8 @@ class DatasetDataModule(ClassificationData):
     Args:
         train: the training Dataset (`class_path` + `init_args` in the config, like the model). Samples are
             whatever your collate_fn turns into (inputs, label) batches; without a collate_fn, (input, label)
-            pairs that torch's default collate stacks.
+            pairs that torch's default collate stacks (tensors: a torchvision dataset needs its `transform`). The
+            class_path may name a function annotated `-> Dataset` (TensorDataset's arguments are positional).
         val: the validation Dataset; None carves `val_fraction` of `train` out (stratified when the dataset has
             `targets`, else a seeded random split).
         test: the test Dataset; None carves `test_fraction` of `train` out, before val, the same way.
@@ -115,6 +116,8 @@ class DatasetDataModule(ClassificationData):
         for name, dataset in (("train", train), ("val", given["val"]), ("test", given["test"])):
             if dataset is None:
                 continue
+            if self.collate_fn is None and len(dataset):
+                _refuse_images_collate_cannot_batch(dataset[0], dataset, name)
             targets = _targets(dataset)
             if targets is not None:
                 check_labels(torch.as_tensor(targets), self.num_classes, f"The {name} dataset")
@@ -154,6 +157,22 @@ def _attribute(dataset: Dataset, name: str):
             return getattr(dataset, name)
         dataset = getattr(dataset, "dataset", None)
     return None
+
+
+def _refuse_images_collate_cannot_batch(sample: Any, dataset: Dataset, name: str) -> None:
+    """Sample 0 of a dataset without a collate_fn holds a PIL image (a torchvision dataset without a transform):
+    torch's default collate would fail inside the first batch, with a traceback."""
+    if isinstance(sample, dict):
+        sample = list(sample.values())
+    parts = sample if isinstance(sample, tuple | list) else [sample]
+    if any(type(part).__module__.startswith("PIL.") for part in parts):
+        raise ConfigError(
+            f"The {name} dataset {_qualified_name(dataset)} yields PIL images, which torch's default collate cannot "
+            f"batch. Give the dataset a transform that makes tensors: in the config, under data.init_args.{name}."
+            "init_args, transform: {class_path: torchvision.transforms.ToTensor} (several: torchvision.transforms."
+            f"Compose); as a flag, --data.init_args.{name}.init_args.transform torchvision.transforms.ToTensor. Or "
+            "give a collate_fn that batches PIL images (data.init_args.collate_fn)."
+        )
 
 
 def _targets(dataset: Dataset) -> list[int] | None:
