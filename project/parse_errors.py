@@ -22,7 +22,7 @@ TOP_LEVEL = (
     "run_dir",
     "test_after_fit",
 )
-TOP_LEVEL += ("checkpoint_every_n_steps",)
+TOP_LEVEL += ("checkpoint_every_n_steps", "monitor", "mode")
 
 
 def explain(message: str, argv: Sequence[str]) -> str:

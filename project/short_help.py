@@ -51,6 +51,7 @@ KEYS: list[tuple[str, tuple[str, str] | str]] = [
     ),
     ("--run_dir", "where the run writes; default runs/<time>, or the run of --ckpt_path"),
     ("--checkpoint_every_n_steps", "also write checkpoints/last.ckpt every N optimizer steps (0 = off)"),
+    ("--monitor", "the metric that selects best-*.ckpt (default val/loss); --mode max if higher is better"),
 ]
 
 
