@@ -69,7 +69,9 @@ def classifier_namespace(model: dict) -> dict:
     """configs/default.yaml's model section as the parser gives it: nested class_path/init_args as Namespaces."""
     from jsonargparse import Namespace
 
-    nested = Namespace(class_path=model["init_args"]["model"]["class_path"], init_args=Namespace(num_classes=None))
+    nested = Namespace(
+        class_path=model["init_args"]["model"]["class_path"], init_args=Namespace(num_classes=None)
+    )
     nested.init_args.in_channels = 1  # the parser fills in the defaults
     init = dict(model["init_args"], model=nested, num_classes=None, input_shape=None)
     return Namespace(class_path=model["class_path"], init_args=Namespace(**init))
