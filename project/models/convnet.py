@@ -3,12 +3,6 @@
 from torch import Tensor, nn
 
 
-def _block(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)
-    )
-
-
 class ConvNet(nn.Module):
     """Two conv stages and a global-average-pooled linear head.
 
@@ -21,15 +15,17 @@ class ConvNet(nn.Module):
 
     def __init__(self, num_classes: int, in_channels: int = 1, width: int = 32, dropout: float = 0.1) -> None:
         super().__init__()
+
+        def block(c_in: int, c_out: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(True)
+            )
+
+        w = width
         self.features = nn.Sequential(
-            _block(in_channels, width),
-            _block(width, width),
-            nn.MaxPool2d(2),
-            _block(width, 2 * width),
-            _block(2 * width, 2 * width),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-        )
+            block(in_channels, w), block(w, w), nn.MaxPool2d(2), block(w, 2 * w), block(2 * w, 2 * w),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )  # fmt: skip
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(2 * width, num_classes))
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, num_classes)

@@ -4,18 +4,16 @@ from torch import Tensor, nn
 
 
 class SequenceClassifier(nn.Module):
-    """Each step through a small per-step layer, then a GRU; a linear head maps the GRU's state at each sequence's
-    last real step to logits.
+    """A per-step Linear + ReLU, a GRU, and a linear head on the GRU's state at each sequence's last real step.
 
-    Padding needs no mask: the GRU runs forward in time, so its state at step `lengths - 1` has seen that
-    sequence's own steps only, whatever padding follows. Gathering that step (instead of packing the batch with
-    `pack_padded_sequence`, which needs the lengths on the CPU) keeps the step free of host synchronisation on a GPU.
+    Padding needs no mask: the GRU runs forward in time, so its state at step `lengths - 1` has seen only that
+    sequence's own steps. Gathering that step (not `pack_padded_sequence`, which needs the lengths on the CPU)
+    keeps the step free of host synchronisation on a GPU.
 
     Args:
         num_classes: size of the output layer; linked from the data module by the CLI.
         in_channels: features per step; linked from the data module (the dataset's `in_channels`) by the CLI.
-        embed: width of the per-step Linear + ReLU before the GRU (0: the raw features go to the GRU). On the digit
-            pixel sequences (3 features a step) it took the test accuracy from 0.82 to 0.97 (docs/data.md "Any Dataset").
+        embed: width of the per-step Linear + ReLU before the GRU (0: the raw features go to the GRU).
         hidden: GRU state size.
         num_layers: stacked GRU layers.
         dropout: dropout before the linear head (and between GRU layers when there are several).
@@ -32,13 +30,8 @@ class SequenceClassifier(nn.Module):
     ) -> None:
         super().__init__()
         self.embed = nn.Sequential(nn.Linear(in_channels, embed), nn.ReLU()) if embed else nn.Identity()
-        self.gru = nn.GRU(
-            embed or in_channels,
-            hidden,
-            num_layers,
-            batch_first=True,
-            dropout=dropout if num_layers > 1 else 0.0,
-        )
+        gru_dropout = dropout if num_layers > 1 else 0.0
+        self.gru = nn.GRU(embed or in_channels, hidden, num_layers, batch_first=True, dropout=gru_dropout)
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden, num_classes))
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:  # (B, T, in_channels), (B,) -> (B, num_classes)

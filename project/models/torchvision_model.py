@@ -29,19 +29,32 @@ class TorchvisionClassifier(nn.Module):
                 "for example resnet18, and set it with --model.init_args.model.init_args.name."
             )
         self.in_channels = in_channels
-        use_builtin = weights is not None and not Path(weights).suffix
+        builtin = weights is not None and not Path(weights).suffix
         try:
-            self.net = torchvision.models.get_model(name, weights=weights if use_builtin else None)
+            self.net = torchvision.models.get_model(name, weights=weights if builtin else None)
         except OSError as err:  # not in torchvision's cache and the download failed (URLError is an OSError)
-            raise ConfigError(_weights_unavailable(name, weights, err)) from err
+            url = torchvision.models.get_model_weights(name).verify(weights).url
+            raise ConfigError(
+                f"Pretrained weights {name} {weights} are not in torchvision's cache and could not be downloaded "
+                f"({type(err).__name__}: {err}). On a machine with network access, download {url} and put it at "
+                f"{Path(torch.hub.get_dir()) / 'checkpoints' / Path(url).name} (TORCH_HOME moves this cache), "
+                "or set weights to the path of a local .pth state dict."
+            ) from err
         # googlenet, inception_v3: drop the aux heads, so that train-mode forward returns logits, not a tuple
         if getattr(self.net, "aux_logits", False):
             self.net.aux_logits, self.net.aux1, self.net.aux2, self.net.AuxLogits = False, None, None, None
         # The head of every torchvision classifier: its last Linear, or 1x1 Conv2d (SqueezeNet's).
         head = [n for n, m in self.net.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))][-1]
-        if weights is not None and not use_builtin:
+        if weights is not None and not builtin:
+            if not Path(weights).is_file():
+                raise ConfigError(
+                    f"Pretrained weights file '{weights}' does not exist. Put a torchvision state dict (.pth) there, "
+                    "or set weights to a torchvision name such as DEFAULT when the file is in torchvision's cache "
+                    f"({torch.hub.get_dir()}/checkpoints)."
+                )
             skip = (f"{head}.", "aux1.", "aux2.", "AuxLogits.")  # the old head (replaced below), aux heads
-            state = {k: v for k, v in _load_local_weights(weights).items() if not k.startswith(skip)}
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+            state = {k: v for k, v in state.items() if not k.startswith(skip)}
             missing, unexpected = self.net.load_state_dict(state, strict=False)
             missing = [k for k in missing if not k.startswith(skip)]
             if missing or unexpected:  # strict=False alone would silently keep random weights
@@ -59,28 +72,3 @@ class TorchvisionClassifier(nn.Module):
         if x.shape[1] == 1 and self.in_channels == 1:
             x = x.expand(-1, 3, -1, -1)  # ImageNet models take RGB
         return self.net(x)
-
-
-def _load_local_weights(path: str) -> dict:
-    if not Path(path).is_file():
-        raise ConfigError(
-            f"Pretrained weights file '{path}' does not exist. Put a torchvision state dict (.pth) there, "
-            "or set weights to a torchvision name such as DEFAULT when the file is in torchvision's cache "
-            f"({torch.hub.get_dir()}/checkpoints)."
-        )
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def _weights_unavailable(name: str, weights: str, err: Exception) -> str:
-    """Where torchvision looks for the weights file, so it can be placed there by hand on an offline machine."""
-    import torchvision
-
-    url = torchvision.models.get_weight(
-        f"{type(torchvision.models.get_model_weights(name).DEFAULT).__name__}.{weights}"
-    ).url
-    path = Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
-    return (
-        f"Pretrained weights {name} {weights} are not in torchvision's cache and could not be downloaded "
-        f"({type(err).__name__}: {err}). On a machine with network access, download {url} and put it at "
-        f"{path} (TORCH_HOME moves this cache), or set weights to the path of a local .pth state dict."
-    )
