@@ -11,10 +11,8 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
 
-from project.optim import build_optimizer, clips_under_amp
-from project.schedule import WarmupCosine, start_schedules
+from project import optim
 
 
 class DenoisingAutoencoder(L.LightningModule):
@@ -35,71 +33,40 @@ class DenoisingAutoencoder(L.LightningModule):
         code_size: int = 16,
         noise_std: float = 0.5,
         optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=0.003, weight_decay=0.0),
-        scheduler: LRSchedulerCallable | None = WarmupCosine,
+        scheduler: LRSchedulerCallable | None = optim.WarmupCosine,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.optimizer, self.scheduler = optimizer, scheduler
         pixels = math.prod(input_shape)
         self.net = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(pixels, 128),
-            nn.GELU(),
-            nn.Linear(128, code_size),
-            nn.GELU(),
-            nn.Linear(code_size, 128),
-            nn.GELU(),
-            nn.Linear(128, pixels),
-            nn.Unflatten(1, tuple(input_shape)),
-        )
-        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+            nn.Flatten(), nn.Linear(pixels, 128), nn.GELU(), nn.Linear(128, code_size), nn.GELU(),
+            nn.Linear(code_size, 128), nn.GELU(), nn.Linear(128, pixels), nn.Unflatten(1, tuple(input_shape)),
+        )  # fmt: skip
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
-    def _loss(self, batch: tuple[Tensor, Tensor], noisy: bool) -> tuple[Tensor, int]:
-        x, _ = batch  # the class labels play no part
-        x = x.float()  # metrics and loss in float32, also under AMP
-        seen = x + self.hparams.noise_std * torch.randn_like(x) if noisy else x
-        return nn.functional.mse_loss(self(seen).float(), x), len(x)
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        loss, n = self._loss(batch, noisy=True)
-        self.train_loss.update(loss.detach(), weight=n)
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        x = batch[0].float()  # the class labels play no part; the loss in float32, also under AMP
+        loss = nn.functional.mse_loss(self(x + self.hparams.noise_std * torch.randn_like(x)).float(), x)
+        if not self.trainer.sanity_checking:  # every stage denoises; the untrained model's loss is not logged
+            # once per epoch: Lightning's mean weighted by batch size (per sample over uneven batches), over all ranks
+            kwargs = dict(on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
+            self.log(f"{stage}/loss", loss, prog_bar=stage != "test", **kwargs)
         return loss
 
-    def on_train_epoch_end(self) -> None:
-        self.log("train/loss", self.train_loss, prog_bar=True)
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self._step(batch, "train")
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss, n = self._loss(batch, noisy=True)  # the same task as training: denoise
-        self.val_loss.update(loss, weight=n)  # per-sample mean over uneven batches
-
-    def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking:
-            self.val_loss.reset()
-            return
-        self.log("val/loss", self.val_loss, prog_bar=True)
+        self._step(batch, "val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss, n = self._loss(batch, noisy=True)
-        self.test_loss.update(loss, weight=n)
+        self._step(batch, "test")
 
-    def on_test_epoch_end(self) -> None:
-        self.log("test/loss", self.test_loss)
-
-    def configure_optimizers(self):
-        optimizer = build_optimizer(
-            self.optimizer,
-            [{"params": list(self.parameters())}],
-            allow_fused=not clips_under_amp(self.trainer),
-        )
-        if self.scheduler is None:
-            return optimizer
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": self.scheduler(optimizer), "interval": "step"},
-        }
+    def configure_optimizers(self) -> dict:
+        return optim.configure(self, [{"params": list(self.parameters())}])
 
     def on_train_start(self) -> None:
-        start_schedules(self.trainer)
+        optim.start_schedules(self.trainer)

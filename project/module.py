@@ -1,20 +1,17 @@
-"""ClassificationModule: any classifier `nn.Module` + CrossEntropy + metrics + optimizer groups and schedule
-(default: fused AdamW from project/optim.py, warmup then cosine from project/schedule.py, stepped per step)."""
+"""ClassificationModule: any classifier `nn.Module`, CrossEntropy, metrics, and the configured optimizer and
+schedule (project/optim.py)."""
 
-from functools import partial
 from typing import Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import ReduceLROnPlateau
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from project import optim
-from project.models.output_check import check_output_shape
-from project.schedule import WarmupCosine, start_schedules
+from project.errors import ConfigError
 from project.versions import built_by_cli
 
 # A batch's inputs from the collate_fn: images (B, C, H, W), or a tensor, tuple/list or dict of model arguments.
@@ -32,7 +29,7 @@ class ClassificationModule(L.LightningModule):
         optimizer: any torch optimizer, called with the parameter groups. Its `lr` is the peak learning rate, its
             `weight_decay` applies to `decay` only; Adam/AdamW run fused where they can, unless `fused: false`.
         scheduler: the learning-rate schedule, stepped every optimizer step (ReduceLROnPlateau: every epoch, on
-            the checkpoint's monitor, `--monitor`: val/loss); null keeps the lr constant. Default: project.schedule.WarmupCosine.
+            the checkpoint's monitor, `--monitor`: val/loss); null keeps the lr constant. Default: project.optim.WarmupCosine.
         label_smoothing: CrossEntropy label smoothing.
         lr_scaling: `none` keeps every group's lr; `linear` multiplies it by the world size (devices x nodes).
         compile: compile the model in place (`nn.Module.compile()`); checkpoints keep plain `model.*` keys.
@@ -45,7 +42,7 @@ class ClassificationModule(L.LightningModule):
         num_classes: int,
         input_shape: tuple[int, int, int] | None = None,
         optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=0.003, weight_decay=0.05),
-        scheduler: LRSchedulerCallable | None = WarmupCosine,
+        scheduler: LRSchedulerCallable | None = optim.WarmupCosine,
         label_smoothing: float = 0.0,
         lr_scaling: Literal["none", "linear"] = "none",
         compile: bool = False,
@@ -55,57 +52,47 @@ class ClassificationModule(L.LightningModule):
         # The CLI saves model, optimizer and scheduler as class_path + init_args, so load_from_checkpoint rebuilds
         # them; outside it, pickled objects would make the checkpoint unloadable with weights_only=True.
         self.save_hyperparameters(ignore=None if built_by_cli() else ["model", "optimizer", "scheduler"])
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.num_classes = num_classes
-        self.input_shape = tuple(input_shape) if input_shape is not None else None
+        self.model, self.num_classes, self.channels_last = model, num_classes, channels_last
+        self.optimizer, self.scheduler, self.lr_scaling = optimizer, scheduler, lr_scaling
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        if self.input_shape is not None:
-            check_output_shape(model, self.input_shape, num_classes)
-        acc = partial(MulticlassAccuracy, num_classes=num_classes, average="micro")
-        self.val_acc, self.test_acc = acc(), acc()
-        self.top5 = num_classes > 5
-        if self.top5:
-            self.val_acc5, self.test_acc5 = acc(top_k=5), acc(top_k=5)
-        # Training loss and accuracy: summed on the device each step (cheaper than a torchmetrics update per step),
-        # folded in at the epoch's end, where Lightning syncs them. A NaN loss stops the run (NonFiniteLossGuard).
+        if input_shape is not None:
+            check_output_shape(model, tuple(input_shape), num_classes)
+        # Here, before the strategy wraps the model in DDP, whose gradient buckets follow the parameters' storage
+        # then: converted later, a 2-process run no longer matched the one-process run (tests/test_ddp.py).
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
+        if compile:
+            model.compile()  # in place, lazily (dynamo traces on the first forward): state_dict keys stay plain
+        accuracy = {"acc": MulticlassAccuracy(num_classes, average="micro")}
+        if num_classes > 5:
+            accuracy["acc_top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+        self.val_metrics = MetricCollection(accuracy, prefix="val/", compute_groups=False)
+        self.test_metrics = self.val_metrics.clone(prefix="test/")
+        self.val_loss, self.test_loss, self.val_acc_best = MeanMetric(), MeanMetric(), MaxMetric()
+        # Training loss and accuracy: summed on the device each step (a torchmetrics update per step costs many
+        # times more), folded into these at the epoch's end, where Lightning syncs them.
         self.train_loss = MeanMetric(nan_strategy="disable")  # the mean of the steps' losses
-        self.train_acc = MeanMetric()  # correct / samples: micro accuracy, as val_acc and test_acc
+        self.train_acc = MeanMetric()  # correct / samples: micro accuracy, as val/acc and test/acc
         # sums (loss sum, correct): a plain tensor, not a buffer, which DDP would broadcast at every forward; steps
         # and samples: Python ints (no host sync). One dict: one nn.Module attribute write per step, not three.
         self._train = {"sums": None, "steps": 0, "samples": 0}
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
-        self.val_acc_best = MaxMetric()
-        self._model_compiled = False
 
     def forward(self, x: Inputs) -> Tensor:
-        """The model on a batch's inputs: model(x) for a tensor, model(*x) for a tuple or list, model(**x) for a dict."""
         if isinstance(x, Tensor):
             return self.model(x)
-        if isinstance(x, dict):
-            return self.model(**x)
-        return self.model(*x)
+        return self.model(**x) if isinstance(x, dict) else self.model(*x)
 
     def setup(self, stage: str) -> None:
-        # Before the strategy wraps the model in DDP, whose gradient buckets follow the parameters' storage then:
-        # converted later, a 2-process run no longer matched the one-process run (tests/test_ddp.py).
-        if self.hparams.get("channels_last"):
-            self.model.to(memory_format=torch.channels_last)
-        if self.hparams.get("compile") and not self._model_compiled:
-            self.model.compile()  # lazy: dynamo traces on the first forward
-            self._model_compiled = True
-        datamodule = self.attached_trainer().datamodule if self.attached_trainer() else None
         # A data module that checked every label once (project/data/validate.py) spares torchmetrics' per-batch
         # check; CrossEntropy still raises on labels outside [0, num_classes) other than its ignore_index, -100.
-        labels_checked = getattr(datamodule, "labels_checked", False) is True
+        datamodule = getattr(optim.attached_trainer(self), "datamodule", None)
         for metric in self.modules():
             if isinstance(metric, MulticlassAccuracy):
-                metric.validate_args = not labels_checked
+                metric.validate_args = getattr(datamodule, "labels_checked", False) is not True
 
     def _shared_step(self, batch: tuple[Inputs, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         x, y = batch
-        if self.hparams.get("channels_last") and isinstance(x, Tensor) and x.ndim == 4:  # image batches only
+        if self.channels_last and isinstance(x, Tensor) and x.ndim == 4:  # image batches only
             x = x.contiguous(memory_format=torch.channels_last)
         # Metrics and loss in float32 even under AMP: half-precision logits round argmax ties and sums.
         logits = self(x).float()
@@ -117,109 +104,97 @@ class ClassificationModule(L.LightningModule):
         return loss
 
     def _add_to_train_sums(self, loss: Tensor, logits: Tensor, y: Tensor) -> None:
-        """One step's loss and correct predictions, added on the device (`make bench` times this method)."""
         train = self._train
-        # detached: no graph for the sums (argmax has no gradient); no `torch.no_grad()`, a context per step
+        # detached: no graph for the sums; no `torch.no_grad()`, a context per step
         sums = torch.stack((loss.detach(), (logits.argmax(dim=1) == y).sum().to(loss.dtype)))
         train["sums"] = sums if train["sums"] is None else train["sums"].add_(sums)
         train["steps"] += 1
         train["samples"] += y.numel()
 
     def on_train_epoch_end(self) -> None:
-        # Logged once per epoch: a per-step self.log costs a host sync each step.
         train = self._train
         if train["steps"]:
             loss_sum, correct = train["sums"]
             self.train_loss.update(loss_sum / train["steps"], weight=train["steps"])
             self.train_acc.update(correct / train["samples"], weight=train["samples"])
             self._train = {"sums": None, "steps": 0, "samples": 0}
-        self._log_metrics({"train/loss": "train_loss", "train/acc": "train_acc"}, prog_bar=True)
+        self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc}, prog_bar=True)
 
     def validation_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "val")
+        self._evaluate(batch, self.val_loss, self.val_metrics)
 
     def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking:
-            # The untrained model's numbers: not logged, so epoch 0's progress bar shows no stale val/acc
-            for metric in (self.val_loss, self.val_acc, *((self.val_acc5,) if self.top5 else ())):
-                metric.reset()
+        if (
+            self.trainer.sanity_checking
+        ):  # the untrained model: not logged, so epoch 0's bar shows no stale val/acc
+            self.val_loss.reset()
+            self.val_metrics.reset()
             return
-        self.val_acc_best.update(self.val_acc.compute())
-        metrics = {"val/loss": "val_loss", "val/acc": "val_acc"}
-        if self.top5:
-            metrics["val/acc_top5"] = "val_acc5"
-        self._log_metrics(metrics, prog_bar=True)
+        self.val_acc_best.update(self.val_metrics["acc"].compute())
+        self.log_dict({"val/loss": self.val_loss, **self.val_metrics}, prog_bar=True)
         # Same value on every rank (from synced val/acc); sync_dist only silences the DDP warning.
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
     def test_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
-        """Update the test metrics; return the float32 logits (batch, num_classes): RunReport reads them as the
-        `outputs` of on_test_batch_end instead of running the model again."""
-        return self._evaluate(batch, "test")
-
-    def _evaluate(self, batch: tuple[Inputs, Tensor], stage: str) -> Tensor:
-        """Update `<stage>_loss`, `<stage>_acc` (and `<stage>_acc5`) with one batch; return its float32 logits."""
-        loss, logits, y = self._shared_step(batch)
-        getattr(self, f"{stage}_loss").update(loss, weight=y.numel())
-        getattr(self, f"{stage}_acc").update(logits, y)
-        if self.top5:
-            getattr(self, f"{stage}_acc5").update(logits, y)
-        return logits
+        """Return the float32 logits: RunReport reads them as on_test_batch_end's `outputs`."""
+        return self._evaluate(batch, self.test_loss, self.test_metrics)
 
     def on_test_epoch_end(self) -> None:
-        metrics = {"test/loss": "test_loss", "test/acc": "test_acc"}
-        if self.top5:
-            metrics["test/acc_top5"] = "test_acc5"
-        self._log_metrics(metrics)
+        self.log_dict({"test/loss": self.test_loss, **self.test_metrics})
 
-    def _log_metrics(self, keys: dict[str, str], **kwargs) -> None:
-        """Log metric objects ({log key: attribute name}); Lightning computes, syncs and resets them. Naming the
-        attribute spares Lightning's isinstance(Metric) search over every submodule on the first log call."""
-        for key, attribute in keys.items():
-            self.log(key, getattr(self, attribute), metric_attribute=attribute, **kwargs)
+    def _evaluate(
+        self, batch: tuple[Inputs, Tensor], loss_metric: MeanMetric, metrics: MetricCollection
+    ) -> Tensor:
+        loss, logits, y = self._shared_step(batch)
+        loss_metric.update(loss, weight=y.numel())
+        metrics.update(logits, y)
+        return logits
 
     def param_groups(self) -> list[dict]:
         """`decay` (weights) and `no_decay` (1-D: biases, norm scales), named for LearningRateMonitor's
-        `lr-<Optimizer>/<name>`; a group without `weight_decay` or `lr` takes the optimizer's (FinetuneModule's own)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        return [  # biases and norm scales are 1-D: decaying them only hurts
-            {"name": "decay", "params": [p for p in params if p.ndim > 1]},
-            {"name": "no_decay", "params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
-        ]
+        `lr-<Optimizer>/<name>`; a group without `weight_decay` or `lr` takes the optimizer's."""
+        return decay_split([p for p in self.model.parameters() if p.requires_grad], "decay", "no_decay")
 
-    def attached_trainer(self) -> "L.Trainer | None":
-        """The Trainer running this module, or None when it is used on its own (a test, an export)."""
-        try:
-            return self.trainer
-        except RuntimeError:  # Lightning: "... is not attached to a `Trainer`"
-            return None
-
-    def configure_optimizers(self):
-        trainer = self.attached_trainer()
-        allow_fused = not optim.clips_under_amp(trainer)
-        optimizer = optim.build_optimizer(self.optimizer, self.param_groups(), allow_fused=allow_fused)
-        world_size = trainer.world_size if trainer is not None else 1
-        optim.scale_lr(optimizer, self.lr_scale(world_size))  # before the scheduler records each group's peak
-        if self.scheduler is None:
-            return optimizer
-        scheduler = self.scheduler(optimizer)
-        config = {"scheduler": scheduler, "interval": "step"}
-        if isinstance(scheduler, ReduceLROnPlateau):  # it needs a metric: the checkpoint-selection one
-            monitor = getattr(getattr(trainer, "checkpoint_callback", None), "monitor", None)
-            config.update(interval="epoch", monitor=monitor or "val/loss")
-        return {"optimizer": optimizer, "lr_scheduler": config}
-
-    def lr_scale(self, world_size: int) -> int:
-        """The factor on every group's lr for `world_size` processes: world_size with lr_scaling=linear, else 1."""
-        return optim.lr_scale(self.hparams.get("lr_scaling", "none"), world_size)
-
-    def configured_lr(self) -> float:
-        """The optimizer's lr as configured (before lr_scaling)."""
-        return optim.configured_lr(self.optimizer)
+    def configure_optimizers(self) -> dict:
+        world_size = getattr(optim.attached_trainer(self), "world_size", 1)
+        return optim.configure(self, self.param_groups(), world_size if self.lr_scaling == "linear" else 1)
 
     def scaled_lr(self, world_size: int) -> float:
-        """The peak lr for `world_size` processes (DDP): the optimizer's lr, times world_size with lr_scaling=linear."""
-        return self.configured_lr() * self.lr_scale(world_size)
+        """The peak lr on `world_size` processes (the CLI prints it for DDP): times world_size under linear scaling."""
+        return optim.configured_lr(self.optimizer) * (world_size if self.lr_scaling == "linear" else 1)
 
     def on_train_start(self) -> None:
-        start_schedules(self.trainer)  # the train loader is set up (and restored, on resume) by now
+        optim.start_schedules(self.trainer)
+
+
+def decay_split(params: list, decay: str, no_decay: str, **extra) -> list[dict]:
+    """Groups `decay` (weights) and `no_decay` (1-D: biases, norm scales, which decaying only hurts)."""
+    return [
+        {"name": decay, "params": [p for p in params if p.ndim > 1], **extra},
+        {"name": no_decay, "params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0, **extra},
+    ]
+
+
+def check_output_shape(model: nn.Module, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """Fail before training, in one paragraph, when the model's head does not match the data's classes."""
+    was_training = model.training
+    model.eval()  # a dry run must not touch BatchNorm running statistics
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, *input_shape, device=next(model.parameters(), torch.zeros(0)).device))
+    except Exception as err:
+        raise ConfigError(
+            f"The model {type(model).__name__} failed on a dummy batch of shape (2, {', '.join(map(str, input_shape))}), "
+            f"the data module's input shape: {type(err).__name__}: {err}. "
+            "Check the model's in_channels and expected image size against the data."
+        ) from err
+    finally:
+        model.train(was_training)
+    if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] != num_classes:
+        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ConfigError(
+            f"The model {type(model).__name__} returns outputs of shape {shape}, but the data has "
+            f"{num_classes} classes, so (batch, {num_classes}) was expected. Give the model a `num_classes` "
+            "constructor argument (the CLI fills it in from the data), or set its head size to match: "
+            "--model.init_args.model.init_args.num_classes."
+        )

@@ -1,73 +1,107 @@
-"""The optimizer a module's config names, built on its parameter groups: torch's fused Adam/AdamW kernel where it
-applies (and Lightning allows it), the configured optimizer as it is everywhere else; its lr scaled for DDP."""
+"""A module's optimizer and schedule: the configured optimizer on its parameter groups (torch's fused Adam/AdamW
+kernel where it applies), its lr scaled for DDP, and `WarmupCosine` (the default) or any torch scheduler."""
 
 import inspect
+import math
 
 import lightning as L
 import torch
-from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 
 
-def build_optimizer(optimizer: OptimizerCallable, groups: list[dict], allow_fused: bool = True) -> Optimizer:
-    """`optimizer(groups)`; Adam/AdamW with `fused` unset are rebuilt with fused=True where every parameter allows.
-
-    One kernel for all parameters instead of a loop over them: the same update, a fraction of the host time of
-    the step on small models. Other devices (MPS, XLA) keep the default implementation, and so does
-    `allow_fused=False` (gradient clipping under mixed precision: see `clips_under_amp`).
-    """
-    built = optimizer([dict(g) for g in groups])  # copies: an optimizer fills its defaults into the dicts
-    d = built.defaults
-    if (
-        not allow_fused
-        or type(built) not in (torch.optim.Adam, torch.optim.AdamW)
-        or d.get("fused") is not None
-    ):
-        return built
-    if d.get("foreach") or d.get("differentiable") or not fused_supported(built.param_groups):
-        return built
-    accepted = inspect.signature(type(built)).parameters
-    kwargs = {k: v for k, v in d.items() if k in accepted and k != "fused"}
-    return type(built)([dict(g) for g in groups], **kwargs, fused=True)
+def attached_trainer(module: L.LightningModule) -> "L.Trainer | None":
+    """The Trainer running `module`, or None when it is used on its own (a test, an export)."""
+    try:
+        return module.trainer
+    except RuntimeError:  # Lightning: "... is not attached to a `Trainer`"
+        return None
 
 
-def clips_under_amp(trainer: "L.Trainer | None") -> bool:
-    """Whether the Trainer clips gradients under mixed precision (`gradient_clip_val` with 16-mixed/bf16-mixed).
-
-    Lightning's MixedPrecision plugin refuses to clip for an optimizer that unscales gradients inside its step,
-    as fused Adam/AdamW do ("does not allow for gradient clipping"): bf16-mixed is the default on GPUs, so
-    `--trainer.gradient_clip_val 1.0` there crashed at the first step. Such runs keep torch's default (foreach)
-    AdamW instead; the NaN guard then checks the loss on the host (project/callbacks/nonfinite_loss.py).
-    An explicit `fused: true` is left as configured, and Lightning's error names it.
-    """
-    from lightning.pytorch.plugins.precision import MixedPrecision
-
-    # getattr: a module may be asked for its optimizer with a stand-in trainer that only knows its world size
-    return bool(getattr(trainer, "gradient_clip_val", None)) and isinstance(
-        getattr(trainer, "precision_plugin", None), MixedPrecision
-    )
-
-
-def fused_supported(groups: list[dict]) -> bool:
-    """Whether torch's fused Adam/AdamW kernel can update these parameters (floating point, on CPU or CUDA)."""
-    params = [p for g in groups for p in g["params"]]
-    return bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-
-
-def lr_scale(lr_scaling: str, world_size: int) -> int:
-    """The factor on every group's lr: the world size under `lr_scaling: linear` (the linear scaling rule for a
-    global batch that grows with the processes), else 1."""
-    return world_size if lr_scaling == "linear" else 1
-
-
-def configured_lr(optimizer: OptimizerCallable) -> float:
+def configured_lr(optimizer) -> float:
     """The lr an optimizer config sets, before any scaling: that of one built on a stand-in parameter."""
     return optimizer([torch.nn.Parameter(torch.zeros(1))]).defaults["lr"]
 
 
-def scale_lr(optimizer: Optimizer, scale: float) -> None:
-    """Multiply every group's lr (and the default) by `scale`; call it before a scheduler records the peaks."""
-    if scale != 1:
-        for group in optimizer.param_groups:
-            group["lr"] *= scale
-        optimizer.defaults["lr"] *= scale
+def configure(module: L.LightningModule, groups: list[dict], lr_scale: int = 1) -> dict:
+    """`module.optimizer` on `groups`, every lr times `lr_scale`, and `module.scheduler` on it: stepped every
+    optimizer step, except ReduceLROnPlateau, stepped every epoch on the checkpoint's monitor."""
+    trainer = attached_trainer(module)
+    built = module.optimizer(
+        [dict(g) for g in groups]
+    )  # copies: an optimizer fills its defaults into the dicts
+    d, params = built.defaults, [p for g in groups for p in g["params"]]
+    # Adam/AdamW with `fused` unset: one kernel for all parameters instead of a loop over them, where each one allows
+    # it. Not when the Trainer clips under mixed precision: Lightning refuses to clip for an optimizer that unscales
+    # gradients inside its step, as the fused one does.
+    clips_under_amp = bool(getattr(trainer, "gradient_clip_val", None)) and isinstance(
+        getattr(trainer, "precision_plugin", None), MixedPrecision
+    )
+    if (
+        type(built) in (torch.optim.Adam, torch.optim.AdamW)
+        and not (clips_under_amp or d.get("foreach") or d.get("differentiable"))
+        and d.get("fused") is None
+        and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    ):
+        kwargs = {k: v for k, v in d.items() if k in inspect.signature(type(built)).parameters}
+        built = type(built)([dict(g) for g in groups], **kwargs | {"fused": True})
+    for group in built.param_groups:  # before the scheduler records each group's peak
+        group["lr"] *= lr_scale
+    built.defaults["lr"] *= lr_scale
+    if module.scheduler is None:
+        return {"optimizer": built}
+    config = {"scheduler": module.scheduler(built), "interval": "step"}
+    if isinstance(config["scheduler"], ReduceLROnPlateau):
+        monitor = getattr(getattr(trainer, "checkpoint_callback", None), "monitor", None)
+        config.update(interval="epoch", monitor=monitor or "val/loss")
+    return {"optimizer": built, "lr_scheduler": config}
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0) -> float:
+    """The factor on the peak lr at optimizer step `step` (0-based): linear warmup to 1.0 over `warmup_steps`
+    (step 0 already trains, at 1/warmup_steps), then a half cosine down to `min_lr_ratio` at `total_steps`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class WarmupCosine(LambdaLR):
+    """Linear warmup, then a half cosine down to `min_lr_ratio` x each group's peak lr (its lr when built).
+
+    Its length is set by `start`, from a module's `on_train_start` (`start_schedules`); until then the factor is 0.
+    Not when it is built: Lightning builds schedulers before a resumed run's checkpoint is restored, and asking for
+    `estimated_stepping_batches` there sets up the train loader early, losing the loader position restored from the
+    checkpoint (github.com/Lightning-AI/pytorch-lightning/issues/20550).
+
+    Args:
+        optimizer: the optimizer whose groups it schedules (LightningCLI passes it: `LRSchedulerCallable`).
+        warmup_epochs: linear warmup length in epochs (fractions allowed; rounded to whole steps).
+        min_lr_ratio: the cosine ends at `peak lr * min_lr_ratio`.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_epochs: float = 1.0, min_lr_ratio: float = 0.0) -> None:
+        self.warmup_epochs, self.min_lr_ratio = warmup_epochs, min_lr_ratio
+        self.total_steps, self.warmup_steps = None, 0
+        super().__init__(optimizer, self.factor)
+
+    def start(self, total_steps: int, epochs: int | None) -> None:
+        """Set the run's length (optimizer steps, epochs) and re-apply the current step's lr with it."""
+        self.total_steps = total_steps
+        self.warmup_steps = round(self.warmup_epochs * total_steps / max(1, epochs or 1))
+        self._last_lr = [base_lr * self.factor(self.last_epoch) for base_lr in self.base_lrs]
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr, strict=True):
+            group["lr"] = lr
+
+    def factor(self, step: int) -> float:
+        if self.total_steps is None:
+            return 0.0
+        return warmup_cosine(step, self.warmup_steps, self.total_steps, self.min_lr_ratio)
+
+
+def start_schedules(trainer: L.Trainer) -> None:
+    """`start` every WarmupCosine of the Trainer; the train loader is set up (and restored, on resume) by now."""
+    for config in trainer.lr_scheduler_configs:
+        if isinstance(config.scheduler, WarmupCosine):
+            config.scheduler.start(int(trainer.estimated_stepping_batches), trainer.max_epochs)

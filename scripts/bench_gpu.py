@@ -28,7 +28,7 @@ from project.data.in_memory import InMemoryLoader
 from project.data.normalize import Normalize
 from project.models import TorchvisionClassifier
 from project.module import ClassificationModule
-from project.schedule import warmup_cosine
+from project.optim import warmup_cosine
 
 BATCH, EPOCHS, LR = 512, 3, 2e-3
 

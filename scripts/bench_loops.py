@@ -26,7 +26,7 @@ from torch import nn
 from project.cli import CONFIG_DIR, ProjectCLI, build_cli
 from project.data import ImageClassificationDataModule
 from project.models import ConvNet
-from project.schedule import warmup_cosine
+from project.optim import warmup_cosine
 
 DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
 # Runs that report epoch figures only (template_run(whole_fit=False)) skip work that is in none of them, a third

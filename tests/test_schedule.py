@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from project.schedule import warmup_cosine
+from project.optim import warmup_cosine
 
 
 def test_warmup_rises_linearly_to_peak():
@@ -29,7 +29,7 @@ def test_warmup_cosine_scheduler_waits_for_its_length_then_follows_the_factor():
 
     import torch
 
-    from project.schedule import WarmupCosine
+    from project.optim import WarmupCosine
 
     params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))]
     optimizer = torch.optim.SGD([{"params": params[:1]}, {"params": params[1:], "lr": 0.5}], lr=0.1)
