@@ -23,10 +23,8 @@ def quiet_non_zero_ranks() -> None:
         return
     warnings.simplefilter("ignore")
 
-    class RankFormatter(logging.Formatter):
-        def format(
-            self, record: logging.LogRecord
-        ) -> str:  # env_rank: the true global rank once DDP is set up
+    class RankFormatter(logging.Formatter):  # env_rank(): the true global rank once DDP is set up
+        def format(self, record: logging.LogRecord) -> str:
             return f"[rank {env_rank()}] {record.levelname}: {super().format(record)}"
 
     for name in ("lightning.pytorch", "lightning.fabric"):

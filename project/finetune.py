@@ -1,16 +1,14 @@
 """FinetuneModule: transfer learning from a pretrained classifier (configs/finetune.yaml).
 
-Not Lightning's BaseFinetuning/BackboneFinetuning callbacks (tests/test_finetune.py checks both reasons still
-hold): its `freeze_module` sets BatchNorm's `track_running_stats=False`, so a frozen layer in train mode normalises
-with each batch's statistics instead of the pretrained ones; and it unfreezes by adding a parameter group mid-run,
-which a per-step scheduler built before then fails on (`zip()` of groups and base_lrs, strict). Here every
-parameter is in the optimizer from the start (frozen ones get no gradient, so the optimizer skips them, no weight
-decay either), and unfreezing only flips `requires_grad`.
+Not Lightning's BaseFinetuning/BackboneFinetuning (tests/test_finetune.py checks both reasons still hold): it
+freezes BatchNorm with `track_running_stats=False`, which in train mode normalises with each batch's statistics
+instead of the pretrained ones; and it unfreezes by adding a parameter group, which a per-step scheduler built
+before then fails on. Here every parameter is in the optimizer from the start (frozen ones get no gradient, so
+the optimizer skips them, weight decay included), and unfreezing only flips `requires_grad`.
 """
 
 from torch import nn
 
-from project import optim
 from project.errors import ConfigError
 from project.module import ClassificationModule, decay_split
 
@@ -18,11 +16,8 @@ BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 class FinetuneModule(ClassificationModule):
-    """ClassificationModule with a frozen-then-unfrozen backbone and per-part learning rates.
-
-    The head is the model's last `nn.Linear` (the layer TorchvisionClassifier resizes); the rest is the backbone.
-    Parameter groups: `backbone`, `backbone_no_decay` (at backbone_lr), `head`, `head_no_decay` (at the
-    optimizer's lr).
+    """ClassificationModule with a frozen-then-unfrozen backbone and per-part learning rates: the head is the
+    model's last `nn.Linear` (the layer TorchvisionClassifier resizes), the rest is the backbone.
 
     Args:
         model: a classifier whose last `nn.Linear` is the (new) head, e.g. project.models.TorchvisionClassifier.
@@ -79,7 +74,7 @@ class FinetuneModule(ClassificationModule):
 
     def _backbone_lr(self) -> float:
         lr = self.hparams.backbone_lr
-        return lr if lr is not None else optim.configured_lr(self.optimizer) / 10
+        return lr if lr is not None else self.scaled_lr(world_size=1) / 10  # the configured lr's tenth
 
     def param_groups(self) -> list[dict]:
         head = [p for p in self.model.parameters() if id(p) in self._head_ids]

@@ -42,16 +42,12 @@ def configure_wandb(init_args, run_dir: Path) -> None:
 
 
 def wandb_run_id(run_dir: Path) -> str:
-    """The id of the W&B run that last logged into this run directory (a resume continues it), else a new one.
-
-    Read back from W&B's own folders, `<run dir>/wandb/[offline-]run-<YYYYmmdd_HHMMSS>-<id>`, so that nothing is
-    written before the run starts. Only rank 0 opens the W&B run: the ids other ranks draw are never used.
-    """
+    """The id of the W&B run that last logged into this run directory (a resume continues it), else a new one:
+    read back from W&B's own `<run dir>/wandb/[offline-]run-<YYYYmmdd_HHMMSS>-<id>`, so nothing is written before
+    the run starts. Only rank 0 opens the W&B run: the ids other ranks draw are never used."""
     folders = [p for p in Path(run_dir, "wandb").glob("*run-*-*") if p.is_dir() and not p.is_symlink()]
-    if folders:
-        return max(folders, key=lambda p: p.name.rsplit("-", 2)[-2]).name.rsplit("-", 1)[
-            1
-        ]  # newest timestamp
+    if folders:  # the newest, by the timestamp in its name
+        return max(folders, key=lambda p: p.name.rsplit("-", 2)[-2]).name.rsplit("-", 1)[1]
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 

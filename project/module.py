@@ -69,12 +69,11 @@ class ClassificationModule(L.LightningModule):
         self.val_metrics = MetricCollection(accuracy, prefix="val/", compute_groups=False)
         self.test_metrics = self.val_metrics.clone(prefix="test/")
         self.val_loss, self.test_loss, self.val_acc_best = MeanMetric(), MeanMetric(), MaxMetric()
-        # Training loss and accuracy: summed on the device each step (a torchmetrics update per step costs many
-        # times more), folded into these at the epoch's end, where Lightning syncs them.
-        self.train_loss = MeanMetric(nan_strategy="disable")  # the mean of the steps' losses
-        self.train_acc = MeanMetric()  # correct / samples: micro accuracy, as val/acc and test/acc
-        # sums (loss sum, correct): a plain tensor, not a buffer, which DDP would broadcast at every forward; steps
-        # and samples: Python ints (no host sync). One dict: one nn.Module attribute write per step, not three.
+        # Training loss (mean of the steps') and accuracy (correct / samples): summed on the device each step (a
+        # torchmetrics update per step costs many times more), folded into these at the epoch's end, where Lightning
+        # syncs them. The sums: a plain tensor, not a buffer, which DDP would broadcast at every forward; steps and
+        # samples: Python ints (no host sync); one dict: one nn.Module attribute write per step, not three.
+        self.train_loss, self.train_acc = MeanMetric(nan_strategy="disable"), MeanMetric()
         self._train = {"sums": None, "steps": 0, "samples": 0}
 
     def forward(self, x: Inputs) -> Tensor:
@@ -124,9 +123,7 @@ class ClassificationModule(L.LightningModule):
         self._evaluate(batch, self.val_loss, self.val_metrics)
 
     def on_validation_epoch_end(self) -> None:
-        if (
-            self.trainer.sanity_checking
-        ):  # the untrained model: not logged, so epoch 0's bar shows no stale val/acc
+        if self.trainer.sanity_checking:  # the untrained model: not logged, epoch 0 shows no stale val/acc
             self.val_loss.reset()
             self.val_metrics.reset()
             return
@@ -143,10 +140,10 @@ class ClassificationModule(L.LightningModule):
         self.log_dict({"test/loss": self.test_loss, **self.test_metrics})
 
     def _evaluate(
-        self, batch: tuple[Inputs, Tensor], loss_metric: MeanMetric, metrics: MetricCollection
+        self, batch: tuple[Inputs, Tensor], mean_loss: MeanMetric, metrics: MetricCollection
     ) -> Tensor:
         loss, logits, y = self._shared_step(batch)
-        loss_metric.update(loss, weight=y.numel())
+        mean_loss.update(loss, weight=y.numel())  # a per-sample mean over uneven batches
         metrics.update(logits, y)
         return logits
 
@@ -159,9 +156,11 @@ class ClassificationModule(L.LightningModule):
         world_size = getattr(optim.attached_trainer(self), "world_size", 1)
         return optim.configure(self, self.param_groups(), world_size if self.lr_scaling == "linear" else 1)
 
-    def scaled_lr(self, world_size: int) -> float:
-        """The peak lr on `world_size` processes (the CLI prints it for DDP): times world_size under linear scaling."""
-        return optim.configured_lr(self.optimizer) * (world_size if self.lr_scaling == "linear" else 1)
+    def scaled_lr(self, world_size: int = 1) -> float:
+        """The configured peak lr (that of an optimizer built on a stand-in parameter), times `world_size` under
+        `lr_scaling: linear`: what the CLI prints for DDP."""
+        lr = self.optimizer([nn.Parameter(torch.zeros(1))]).defaults["lr"]
+        return lr * (world_size if self.lr_scaling == "linear" else 1)
 
     def on_train_start(self) -> None:
         optim.start_schedules(self.trainer)

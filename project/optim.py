@@ -19,19 +19,12 @@ def attached_trainer(module: L.LightningModule) -> "L.Trainer | None":
         return None
 
 
-def configured_lr(optimizer) -> float:
-    """The lr an optimizer config sets, before any scaling: that of one built on a stand-in parameter."""
-    return optimizer([torch.nn.Parameter(torch.zeros(1))]).defaults["lr"]
-
-
 def configure(module: L.LightningModule, groups: list[dict], lr_scale: int = 1) -> dict:
     """`module.optimizer` on `groups`, every lr times `lr_scale`, and `module.scheduler` on it: stepped every
     optimizer step, except ReduceLROnPlateau, stepped every epoch on the checkpoint's monitor."""
     trainer = attached_trainer(module)
-    built = module.optimizer(
-        [dict(g) for g in groups]
-    )  # copies: an optimizer fills its defaults into the dicts
-    d, params = built.defaults, [p for g in groups for p in g["params"]]
+    built = module.optimizer([dict(g) for g in groups])  # copies: it fills its defaults into them
+    d, params = built.defaults, [p for g in built.param_groups for p in g["params"]]
     # Adam/AdamW with `fused` unset: one kernel for all parameters instead of a loop over them, where each one allows
     # it. Not when the Trainer clips under mixed precision: Lightning refuses to clip for an optimizer that unscales
     # gradients inside its step, as the fused one does.

@@ -8,12 +8,8 @@ import torch
 
 
 def run_seed() -> int:
-    """The run's seed: `seed_everything`'s value, else the seed torch's global generator started from.
-
-    Lightning's `seed_everything` keeps it only in PL_GLOBAL_SEED, which DDP processes inherit (its worker seeding
-    reads it too). Without it (`seed_everything: false`, a data module used outside the CLI) `torch.initial_seed()`
-    is still the same on every rank.
-    """
+    """The run's seed: `seed_everything`'s, which Lightning keeps only in PL_GLOBAL_SEED (DDP processes inherit
+    it); without it (`seed_everything: false`, outside the CLI) torch's initial seed, the same on every rank."""
     seed = os.environ.get("PL_GLOBAL_SEED")
     return int(seed) if seed is not None else torch.initial_seed()
 
@@ -32,8 +28,8 @@ def capture_rng_states() -> dict:
     """python, numpy, torch CPU and every CUDA device's generator states, in types `torch.load(weights_only=True)`
     accepts (numpy's key array travels as a tensor). Lightning's checkpoints hold no RNG state."""
     name, keys, *rest = np.random.get_state()
-    states = {"python": random.getstate(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), *rest]}
-    states["torch"] = torch.get_rng_state()
+    numpy = [name, torch.from_numpy(keys.astype(np.int64)), *rest]
+    states = {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states

@@ -17,8 +17,7 @@ def test_compiled_module_state_dict_loads_into_an_uncompiled_model(monkeypatch):
     # CompileCounter is that backend with a count of the graphs it was given: the model did run compiled.
     backend = CompileCounter()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
-    compiled = ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8), compile=True)
-    compiled.setup("fit")  # what the Trainer calls: nn.Module.compile() on the model, in place
+    compiled = ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8), compile=True)  # compiled in place
     out = compiled(torch.randn(4, 1, 8, 8))
     assert out.shape == (4, 10) and backend.frame_count >= 1
     state = compiled.state_dict()
@@ -33,7 +32,6 @@ def test_compiled_module_state_dict_loads_into_an_uncompiled_model(monkeypatch):
 @pytest.mark.claim("channels-last-option")
 def test_channels_last_option_converts_the_model_and_batches():
     module = ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8), channels_last=True)
-    module.setup("fit")
     conv = module.model.features[0][0].weight
     assert conv.is_contiguous(memory_format=torch.channels_last)
     loss, logits, _ = module._shared_step((torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))))
