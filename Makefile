@@ -102,8 +102,8 @@ resume: $(STAMP)  ## continue the most recent run as it was started (its config.
 test: $(STAMP)  ## run the test suite in TEST_WORKERS processes (extra pytest flags: ARGS="...")
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
-mutants: $(STAMP)  ## plant each known bug (scripts/mutants/*.patch) in a copy: its claims' tests must fail (ARGS: names, --list)
-	$(PY) scripts/mutate.py $(ARGS)
+mutants: $(STAMP)  ## plant each known bug (tests/mutants/*.patch) in a copy: its claims' tests must fail (ARGS: names, --list)
+	$(PY) tests/tools/mutate.py $(ARGS)
 
 bench: $(STAMP)  ## template vs hand-written loop, side by side (<= 10 min): runs/bench/bench.json + table
 	$(PY) scripts/bench.py $(ARGS)

@@ -61,7 +61,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         metavar="ID",
-        help="run only the tests marked @pytest.mark.claim(ID) (repeatable); scripts/mutate.py uses it",
+        help="run only the tests marked @pytest.mark.claim(ID) (repeatable); tests/tools/mutate.py uses it",
     )
 
 

@@ -374,13 +374,13 @@ def test_resume_from_an_epoch_end_is_exact(digits, tmp_path):
     """A finished 1-epoch run resumed with max_epochs 2 ends with the weights of an uninterrupted 2-epoch run, bit
     for bit. Lightning does not restore the loader's state from a checkpoint taken at an epoch's end; the loader
     takes the epoch from the trainer, so the resumed epoch reads epoch 1's order, not epoch 0's again. The same
-    checkpoint as a kill right after an epoch ends (scripts/kill_resume_streaming.py kills there too). A constant
+    checkpoint as a kill right after an epoch ends (tests/tools/kill_resume_streaming.py kills there too). A constant
     learning rate: the default schedule's length depends on max_epochs."""
     import importlib.util
 
     from tests.conftest import CONFIGS, QUIET, REPO, run_cli
 
-    spec = importlib.util.spec_from_file_location("kill_resume", REPO / "scripts/kill_resume.py")
+    spec = importlib.util.spec_from_file_location("kill_resume", REPO / "tests/tools/kill_resume.py")
     kill_resume = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kill_resume)
 
