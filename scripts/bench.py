@@ -99,8 +99,6 @@ VARIANTS = {  # name -> extra CLI args for the template (each compared with the 
     "dataloader_path": ["--data.init_args.in_memory", "false"],
     # Lightning's default profiler (PassThroughProfiler) instead of the config's NoProfiler (project/profiler.py)
     "lightning_profiler": ["--trainer.profiler", "null"],
-    # the opt-in door (project/perf/: Lightning's private names), against the default's public API only
-    "fast_cpu": ["--config", str(ROOT / "configs/fast_cpu.yaml")],
 }
 
 
@@ -246,12 +244,11 @@ def bench_cpu(p: dict) -> dict:
     # The template against Lightning's own ceilings, each measured against the same tuned loop: its loop doing the
     # tuned loop's work with no features (bare), and its stock parts doing the template's job (stock); the default
     # (public API only), and with the opt-in door's speed-ups.
-    thr, fast = out["throughput"], out["options"]["fast_cpu"]["ratio_vs_default"]
+    thr = out["throughput"]
     for side in ("bare", "stock"):
         if thr["throughput_ratio_vs_tuned_loop"] and thr[f"{side}_lightning_vs_tuned_loop"]:
             ratio = thr["throughput_ratio_vs_tuned_loop"] / thr[f"{side}_lightning_vs_tuned_loop"]
             thr[f"template_vs_{side}_lightning"] = round(ratio, 3)
-            thr[f"fast_cpu_template_vs_{side}_lightning"] = round(ratio * fast, 3) if fast else None
 
     # Data wait: runs of their own, with a per-step timer and a fetch-timing profiler (they cost every step).
     inst = [tmpl(raw=None, instrument=True) for _ in range(max(1, R // 2))]
@@ -511,9 +508,8 @@ def table(res: dict) -> str:
             f"{t['bare_lightning_per_epoch_overhead_ms']}",
         ),
         (
-            "template / Lightning's loop alone (its ceiling), from the two ratios to the tuned loop: default "
-            "(public API only) | with configs/fast_cpu.yaml",
-            f"{t.get('template_vs_bare_lightning')} | {t.get('fast_cpu_template_vs_bare_lightning')}",
+            "template / Lightning's loop alone (its ceiling), from the two ratios to the tuned loop",
+            t.get("template_vs_bare_lightning"),
         ),
         (
             "Lightning with the template's settings (stock parts: ModelCheckpoint best + last, TensorBoard + CSV, "
@@ -522,9 +518,8 @@ def table(res: dict) -> str:
             f"{t['stock_lightning_per_epoch_overhead_ms']}",
         ),
         (
-            "template / Lightning with the same settings (target >= 0.97): default (public API only) | with "
-            "configs/fast_cpu.yaml",
-            f"{t.get('template_vs_stock_lightning')} | {t.get('fast_cpu_template_vs_stock_lightning')}",
+            "template / Lightning with the same settings (target >= 0.97)",
+            t.get("template_vs_stock_lightning"),
         ),
         (
             f"whole fit ({res['fit']['epochs']} epochs) s: template | hand-written loop, same work | ratio",

@@ -22,12 +22,10 @@ KEYS = {
         "bare_lightning_per_step_overhead_ms",
         "bare_lightning_per_epoch_overhead_ms",
         "template_vs_bare_lightning",
-        "fast_cpu_template_vs_bare_lightning",
         "stock_lightning_vs_tuned_loop",
         "stock_lightning_per_step_overhead_ms",
         "stock_lightning_per_epoch_overhead_ms",
         "template_vs_stock_lightning",
-        "fast_cpu_template_vs_stock_lightning",
         "epoch_pairs",
         "template_warmup_epoch_seconds",
         "raw_warmup_epoch_seconds",
@@ -60,7 +58,6 @@ OPTIONS = [
     "dataloader_path",
     "lightning_profiler",
     "torch_threads_1",
-    "fast_cpu",
     "compile",
 ]
 
