@@ -50,7 +50,7 @@ ifeq ($(INSTALL)$(wildcard $(PY)),0)  # INSTALL=0 without an env or ./.venv: the
 PY := $(PYTHON)
 endif
 
-.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick bench-data mutants tensorboard sweep prepare
+.PHONY: help install train train-ddp resume test lint format clean distclean lock predict export doctor bench bench-quick mutants tensorboard sweep prepare
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -110,9 +110,6 @@ bench: $(STAMP)  ## template vs hand-written loop, side by side (<= 10 min): run
 
 bench-quick: $(STAMP)  ## the same figures with 2 repeats and fewer sizes (<= 2 min)
 	$(PY) scripts/bench.py --quick $(ARGS)
-
-bench-data: $(STAMP)  ## data loading: decode, folder setup, streaming vs in-memory vs DataLoader (scripts/bench_data.py)
-	$(PY) scripts/bench_data.py $(ARGS)
 
 lint: $(STAMP)  ## ruff lint + format check
 	$(PY) -m ruff check project tests scripts

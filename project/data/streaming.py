@@ -161,8 +161,7 @@ class StreamingDataModule(ImageData):
                 seed=run_seed() % 2**32,
                 # Deserialize the requested sample only. litdata's "auto" picks a window of 32 rows for small
                 # uint8 tensors, and with the in-chunk shuffle (blocks of 256) nearly every read decoded a new
-                # window for one row, many times the work per sample (`make bench-data`:
-                # paths.streaming_read_cpu_ms_per_sample; docs/performance.md "Data benchmarks").
+                # window for one row: 0.47 CPU ms per digits sample instead of 0.024 (one loader worker).
                 batch_decode=1,
                 **kwargs,
             )
