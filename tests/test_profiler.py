@@ -16,7 +16,7 @@ def test_the_default_config_runs_with_no_profiler_and_a_named_one_replaces_it():
     assert type(default.trainer.profiler) is NoProfiler
     simple = build_cli(["--config", str(CONFIG_DIR / "debug/profiler.yaml")], run=False)
     assert type(simple.trainer.profiler) is SimpleProfiler
-    # `make bench`'s option lightning_profiler: Lightning's default
+    # Lightning's default
     lightning_default = build_cli(["--trainer.profiler", "null"], run=False)
     assert type(lightning_default.trainer.profiler) is PassThroughProfiler
 
