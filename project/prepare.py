@@ -111,8 +111,11 @@ def prepare(
     from project.data.datamodule import ImageClassificationDataModule
 
     fractions = dict(val_fraction=val_fraction, test_fraction=test_fraction, split_seed=split_seed)
-    image = ImageClassificationDataModule(source, root, batch_size=1, image_size=image_size, **fractions)
-    image.setup()  # the splits, the checks, and the training split's statistics at the training size
+    try:  # the splits, the checks, and the training split's statistics at the training size
+        image = ImageClassificationDataModule(source, root, batch_size=1, image_size=image_size, **fractions)
+        image.setup()
+    except ConfigError as err:  # named by prepare's flags, not the image module's
+        raise ConfigError(str(err).replace("--data.init_args.", "--")) from err
     datasets = {"train": image.train_set, "val": image.val_set, "test": image.test_set}
     counts = {s: len(datasets[s]) for s in SPLITS}
     meta = dict(**settings, complete=False, splits=counts, class_names=image.class_names)
