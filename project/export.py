@@ -78,13 +78,12 @@ def export(
         f.write(_onnx(program, example, opset))
     import onnxruntime as ort
 
-    onnx = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    _check(
-        "ONNX (onnxruntime)",
-        lambda x: torch.from_numpy(onnx.run(None, {"images": x.numpy()})[0]),
-        model,
-        inputs,
-    )
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+
+    def onnx(x: Tensor) -> Tensor:
+        return torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+
+    _check("ONNX (onnxruntime)", onnx, model, inputs)
     _check(path.name, load(str(path)), model, inputs)
     print(f"Exported to {out}/: model.onnx, {path.name}, preprocessing.json", flush=True)
     return out

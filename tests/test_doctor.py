@@ -78,7 +78,10 @@ def test_doctor_reads_an_overlay_as_training_does(in_tmp, tmp_path_factory, caps
 def test_doctor_on_another_data_module_imports_the_classes_it_names(in_tmp, capsys):
     assert run_cli("doctor", "--config", CONFIGS / "sequence.yaml") == 0
     out = capsys.readouterr().out
-    assert "data          project.data.DatasetDataModule (train project.data.sequences.DigitPixelSequences" in out
+    assert (
+        "data          project.data.DatasetDataModule (train project.data.sequences.DigitPixelSequences"
+        in out
+    )
     assert "ok: data module project.data.DatasetDataModule and the classes it names import." in out
     # A class path that does not import: the config parser, as `make train`'s, refuses it
     bad = ("--data.init_args.train.class_path", "no_such_module.Sequences")
