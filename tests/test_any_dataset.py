@@ -317,6 +317,7 @@ def test_collate_fn_by_class_path_and_linked_in_channels(in_tmp, monkeypatch):
     from project.cli import build_cli
 
     (in_tmp / "my_data.py").write_text(MY_DATA)
+    monkeypatch.delitem(sys.modules, "my_data", raising=False)  # another test's my_data.py, imported before
     monkeypatch.syspath_prepend(str(in_tmp))
     overlay = "data: {init_args: {train: {class_path: my_data.Wider}, collate_fn: {class_path: my_data.Pad, "
     (in_tmp / "mine.yaml").write_text(overlay + "init_args: {scale: 2.0}}}}\n")

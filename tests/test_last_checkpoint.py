@@ -260,9 +260,6 @@ PACKAGE_PRIVATE_NAMES_ALLOWED = {
     ("project/prepare.py", "_convert_bytes_to_int"),
     # litdata's object-store client options: allow_http for an http:// endpoint (a local MinIO or moto server).
     ("project/data/chunks.py", "_OBSTORE_CLIENT_OPTIONS"),
-    # litdata's count of samples its loader has yielded (what its own state_dict saves; no public accessor): the
-    # streaming loader's subclass learns from it which block ends the epoch.
-    ("project/data/stream_loader.py", "_num_samples_yielded_streaming"),
 }
 
 

@@ -5,8 +5,8 @@ its final weights with an uninterrupted run's, bit for bit; one process or DDP o
     OMP_NUM_THREADS=1 python tests/tools/kill_resume_streaming.py --processes 2 --kills 8 --seed 1
 
 The digits are prepared as `make prepare` writes them (default chunks), the run trains on them with one loader
-worker per process (blocks of batches and the next epoch's prestart both on), augmentation on, a `last`
-checkpoint after every optimizer step. The kills cycle through, at points drawn from --seed:
+worker per process, augmentation on, a `last` checkpoint after every optimizer step. The kills cycle through, at
+points drawn from --seed:
 
 - train:     mid-epoch, in the middle of an optimizer step (after backward, before the update);
 - epoch_end: right after an epoch ended: its validation and checkpoints are written, the next epoch not begun
@@ -223,9 +223,7 @@ def kill_resume_streaming(
 def describe(kill: dict) -> str:
     r = kill["resumes_from"]
     loader = r["loader"] or {}
-    state = (
-        "epoch start" if loader.get("epoch_start") else f"{loader.get('num_samples_yielded', 0)} samples read"
-    )
+    state = f"{loader.get('num_samples_yielded', 0)} samples read"
     after = f"; resumes from step {r['global_step']} (epoch {r['epoch']}, loader: litdata epoch "
     after += f"{loader.get('current_epoch')}, {state}, max_epochs {kill['max_epochs']})"
     if kill["landed"] == "finished":
