@@ -39,7 +39,7 @@ class LogConfig(SaveConfigCallback):
     """LightningCLI's config saver (passed as `save_config_callback`), made safe and visible in the loggers.
 
     At setup, every logger gets config.yaml (as the parent class just wrote it, read back: dumping the config a
-    second time for the loggers would add to every start: docs/performance-history.md) and the parameter counts.
+    second time for the loggers would add ~0.1 s to every start) and the parameter counts.
 
     After fit and after test, the run's key hyperparameters (`key_hyperparameters`: model class, lr, batch size,
     max_epochs, seed, precision, devices, nodes, and every config key that differs from the defaults, i.e.

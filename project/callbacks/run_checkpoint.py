@@ -26,7 +26,7 @@ class RunCheckpoint(ModelCheckpoint):
     - With `save_top_k: 1` Lightning 2.6 writes `last` at an epoch end only when that epoch wrote a new best file:
       last.ckpt fell epochs behind (seen: epochs 5 and 10 of `make train`). Here every epoch end writes it.
     - A step or time save in an epoch's last batch resumes badly: Lightning 2.6 runs that epoch again (found by
-      scripts/kill_resume.py: 24 steps instead of 18). Such saves skip that batch (`resumable_after`); the epoch-end
+      tests/tools/kill_resume.py: 24 steps instead of 18). Such saves skip that batch (`resumable_after`); the epoch-end
       save follows a moment later.
     - Under DDP its time trigger broadcasts rank 0's "is it time?" at every step, a collective (and a host sync
       with NCCL) per step for a save every half hour. Here the ranks compare the clock every
