@@ -99,16 +99,13 @@ class ClassificationModule(L.LightningModule):
 
     def training_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
         loss, logits, y = self._shared_step(batch)
-        self._add_to_train_sums(loss, logits, y)
-        return loss
-
-    def _add_to_train_sums(self, loss: Tensor, logits: Tensor, y: Tensor) -> None:
         train = self._train
         # detached: no graph for the sums; no `torch.no_grad()`, a context per step
         sums = torch.stack((loss.detach(), (logits.argmax(dim=1) == y).sum().to(loss.dtype)))
         train["sums"] = sums if train["sums"] is None else train["sums"].add_(sums)
         train["steps"] += 1
         train["samples"] += y.numel()
+        return loss
 
     def on_train_epoch_end(self) -> None:
         train = self._train
@@ -139,9 +136,7 @@ class ClassificationModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self.log_dict({"test/loss": self.test_loss, **self.test_metrics})
 
-    def _evaluate(
-        self, batch: tuple[Inputs, Tensor], mean_loss: MeanMetric, metrics: MetricCollection
-    ) -> Tensor:
+    def _evaluate(self, batch: tuple, mean_loss: MeanMetric, metrics: MetricCollection) -> Tensor:
         loss, logits, y = self._shared_step(batch)
         mean_loss.update(loss, weight=y.numel())  # a per-sample mean over uneven batches
         metrics.update(logits, y)
