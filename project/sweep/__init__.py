@@ -239,7 +239,7 @@ def check_inputs(space_path, space, configs, flags, metric, monitor, threads, ke
     import time
 
     from project.doctor import training_config
-    from project.sweep.check import check_keys, check_metric, nest, reported_metrics, writes_csv
+    from project.sweep.check import check_keys, check_metric, nest, overlay_file, reported_metrics, writes_csv
 
     start = time.monotonic()
     where = f"sweep {space_path}"
@@ -251,7 +251,7 @@ def check_inputs(space_path, space, configs, flags, metric, monitor, threads, ke
             [
                 *(a for c in configs for a in ("--config", c)),
                 "--config",
-                yaml.safe_dump(nest({**space.fixed, **flags})),
+                overlay_file(nest({**space.fixed, **flags})),
             ]
         )
     names = reported_metrics(configs, {**space.fixed, **flags, **values}, threads)

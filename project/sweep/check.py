@@ -65,7 +65,7 @@ def check_keys(configs: list[str], space: SweepSpace, flags: dict, where: str) -
         while True:
             live = {k: v for k, v in values.items() if k not in problems}
             try:
-                tree = training_config([*base, "--config", yaml.safe_dump(nest(live))])
+                tree = training_config([*base, "--config", overlay_file(nest(live))])
                 break
             except (ArgumentError, ConfigError) as err:
                 message = str(err)
@@ -96,6 +96,14 @@ def check_keys(configs: list[str], space: SweepSpace, flags: dict, where: str) -
             "fit --help-all (the same dotted keys as on the command line). Nothing was run."
         )
     return {**probes(space)[0], **base_values(space, configs)}, tree or {}
+
+
+def overlay_file(tree: dict) -> str:
+    """A YAML overlay as a file: the CLI reads each --config as a path (project/links.py), not as YAML text."""
+    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="sweep-probe-", delete=False)
+    with handle:
+        yaml.safe_dump(tree, handle)
+    return handle.name
 
 
 def _parsed_base(base: list[str]) -> dict:
