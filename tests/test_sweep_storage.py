@@ -23,8 +23,8 @@ from optuna.trial import TrialState
 
 import project
 from project.errors import ConfigError
-from project.sweep.storage import default_storage, open_storage
-from project.sweep.worker import Sweep, make_objective, recover_dead_trials
+from project.sweep.storage import default_storage, open_storage, recover_dead_trials
+from project.sweep.worker import Sweep, make_objective
 
 LR = "model.init_args.optimizer.init_args.lr"
 ROOT = Path(project.__file__).resolve().parent.parent  # the checkout under test (children import it too)
@@ -80,17 +80,18 @@ def test_storage_that_cannot_be_opened_is_one_paragraph(tmp_path, url, expected)
 
 
 @pytest.mark.claim("sweep-many-machines")
-def test_storage_error_exits_2_with_one_paragraph(tmp_path, capsys, monkeypatch):
+def test_storage_error_exits_2_with_one_paragraph(tmp_path, capsys):
     """`python -m project sweep --storage <a folder that does not exist>`: exit code 2, one `error:` paragraph, and
     no folder made (a lock file beside the database created the missing folders)."""
     import project.sweep
 
-    # the dry run of a trial's config (seconds of training) is not what this test is about
-    monkeypatch.setattr(project.sweep, "check_inputs", lambda *args, **kwargs: None, raising=False)
     url = f"sqlite:///{tmp_path}/missing/dir/study.db"
     space = write_space(tmp_path / "t.yaml")
+    # --checked: the input check's dry run (seconds of training) is not this test's subject
     with pytest.raises(SystemExit) as exit_:
-        project.sweep.main(["--space", str(space), "--dir", str(tmp_path / "sweep"), "--storage", url])
+        project.sweep.main(
+            ["--space", str(space), "--dir", str(tmp_path / "sweep"), "--storage", url, "--checked"]
+        )
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2, err
     assert err.startswith("error: ") and "\n" not in err and "does not exist" in err, err
@@ -146,7 +147,7 @@ import sys, time
 from pathlib import Path
 
 import optuna, sqlalchemy  # the imports before the barrier: the workers then differ by a millisecond, not seconds
-import project.sweep, project.sweep.report, project.sweep.space, project.sweep.storage, project.sweep.worker
+import project.sweep, project.sweep.report, project.sweep.storage, project.sweep.worker
 
 
 def join(sweep, study):  # instead of running trials: take one and draw its values, as a worker's first step does
@@ -157,7 +158,6 @@ def join(sweep, study):  # instead of running trials: take one and draw its valu
 
 
 project.sweep.worker.run_worker = join
-project.sweep.check_inputs = lambda *args, **kwargs: None  # the dry run of a trial's config: not this test's subject
 Path(sys.argv[1]).touch()
 while not Path(sys.argv[2]).exists():
     time.sleep(0.001)
@@ -179,7 +179,15 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
         "sqlite+pysqlite": f"sqlite+pysqlite:///{tmp_path / 'study.db'}",
         "journal": f"journal:{tmp_path / 'study.journal'}",
     }
-    argv = ["--space", str(write_space(tmp_path / "t.yaml")), "--dir", str(sweep_dir), "--no_report"]
+    # --checked: the input check's dry run of a trial's config is not this test's subject
+    argv = [
+        "--space",
+        str(write_space(tmp_path / "t.yaml")),
+        "--dir",
+        str(sweep_dir),
+        "--no_report",
+        "--checked",
+    ]
     if urls[storage]:
         argv += ["--storage", urls[storage]]
     script = tmp_path / "join.py"
@@ -303,22 +311,9 @@ def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path):
 def make_sweep(tmp_path: Path) -> Sweep:
     from project.sweep.space import load_space
 
-    space = write_space(tmp_path / "t.yaml")
-    return Sweep(
-        space=load_space(space),
-        space_copy=space,
-        sweep_dir=tmp_path,
-        storage_url=default_storage(tmp_path),
-        study_name="t",
-        configs=[str(ROOT / "configs" / "default.yaml")],
-        fixed={},
-        metric="val/loss",
-        monitor="val/loss",
-        direction="minimize",
-        n_trials=3,
-        max_failed=3,
-        threads="1",
-    )
+    space = load_space(write_space(tmp_path / "t.yaml"))
+    configs = [str(ROOT / "configs" / "default.yaml")]
+    return Sweep(space, tmp_path, default_storage(tmp_path), "t", configs, {}, "val/loss", 3, 3, threads="1")
 
 
 class TrialStarted(Exception):
@@ -372,9 +367,9 @@ def test_requeued_trial_is_never_failed_by_another_worker_while_its_worker_takes
     assert len(study.get_trials()) == 2, "a live trial was re-queued"
 
 
-def test_the_stop_at_max_failed_counts_this_commands_failures_in_its_message(tmp_path, capsys):
+def test_the_stop_at_max_failed_counts_this_commands_failures(tmp_path, capsys):
     """--max_failed 1 on a study with 2 failed trials from an earlier command and 1 from this one: the worker stops
-    and says 1 failed against --max_failed 1, the earlier two apart (it said '3 trials failed (--max_failed 3)')."""
+    and says 1 failed against --max_failed 1."""
     from dataclasses import replace
 
     from optuna.distributions import FloatDistribution
@@ -392,12 +387,10 @@ def test_the_stop_at_max_failed_counts_this_commands_failures_in_its_message(tmp
                 user_attrs={"error": "exit code 2"},
             )
         )
-    sweep = replace(make_sweep(tmp_path), max_failed=1 + 2, failed_before=2)
+    sweep = replace(make_sweep(tmp_path), max_failed=1, first_trial=2)
     assert run_worker(sweep, study) == 1
     err = capsys.readouterr().err
-    assert "error: 1 trials failed (--max_failed 1, besides 2 from earlier runs); the sweep stops." in err, (
-        err
-    )
+    assert "error: 1 trials of this command failed (--max_failed 1); the sweep stops." in err, err
 
 
 def _take_a_trial(url: str, barrier, taken) -> None:
