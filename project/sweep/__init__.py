@@ -1,11 +1,8 @@
 """`python -m project sweep` (`make sweep`): an Optuna study around the same `fit` that `make train` runs.
 
-    python -m project sweep [--space configs/sweep/digits.yaml] [--config configs/default.yaml ...] [--dir DIR]
-        [--storage URL] [--n_trials N] [--workers N] [--worker_index K] [--report] [--dotted.key value ...]
-
 Running the same command again resumes the sweep: the study is loaded, finished trials are kept and dead workers'
-trials are re-run. Hydra's Optuna sweeper needs Hydra configs and runs trials inside its own process (no isolation
-of a NaN or a kill); Lightning's Tuner tunes only the learning rate and batch size; W&B sweeps need W&B's server.
+trials run again. Not Hydra's Optuna sweeper (Hydra configs; trials inside its own process, so a NaN or a kill is
+not isolated), Lightning's Tuner (learning rate and batch size only) or W&B sweeps (W&B's server).
 """
 
 import argparse
@@ -19,6 +16,8 @@ import yaml
 
 from project.errors import ConfigError
 
+DEFAULT = "configs/default.yaml"
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -28,29 +27,18 @@ def parser() -> argparse.ArgumentParser:
         epilog="Dotted training flags (e.g. --trainer.max_epochs 3) are given to every trial and kept in best.yaml.",
     )
     add = p.add_argument
-    add(
-        "--space", default="configs/sweep/digits.yaml", help="sweep file: parameters, metric, sampler, pruner"
-    )
+    add("--space", default="configs/sweep/digits.yaml", help="sweep file: parameters, metric, sampler...")
     add("--config", action="append", help="base config(s) of every trial (default configs/default.yaml)")
     add("--dir", help="sweep directory (default runs/sweeps/<name>): trials/, study.db, best.yaml")
     add("--storage", help="postgresql://..., mysql+pymysql://... or journal:<file> (default: <dir>/study.db)")
     add("--study", help="study name (default: the sweep file's name)")
     add("--n_trials", type=int, help="finished (complete or pruned) trials to reach, all workers together")
-    add(
-        "--max_failed",
-        type=int,
-        help="stop after this many failed trials of this command (default: n_trials)",
-    )
+    add("--max_failed", type=int, help="failed trials of this command that stop it (default: n_trials)")
     add("--workers", type=int, default=1, help="worker processes on this machine, one trial at a time each")
-    add(
-        "--worker_index",
-        type=int,
-        default=0,
-        help="sampler seed offset: give each worker started at once its own",
-    )
+    add("--worker_index", type=int, default=0, help="sampler seed offset: one of its own for each worker")
     add("--report", action="store_true", help="only write the results (table, best.yaml, plots)")
-    add("--no_report", action="store_true", help=argparse.SUPPRESS)
-    add("--checked", action="store_true", help=argparse.SUPPRESS)  # workers whose parent checked the input
+    # A worker of --workers N: its parent checks the input and writes the report.
+    add("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -89,38 +77,40 @@ def run(argv: list[str]) -> int:
     from project.sweep.worker import Sweep, die_with_parent, run_worker
 
     args, rest = parser().parse_known_args(argv)
-    flags, sweep_file = trial_flags(rest), space.load_space(args.space)
-    configs = args.config or ["configs/default.yaml"]
+    flags, sweep_file, configs = trial_flags(rest), space.load_space(args.space), args.config or [DEFAULT]
     for config in configs:
         if not Path(config).is_file():
             raise ConfigError(f"Base config '{config}' not found; pass an existing file with --config.")
-    if sweep_file.metric and not sweep_file.direction:
-        raise ConfigError(
-            f"The sweep file sets metric '{sweep_file.metric}' without a direction: add direction: minimize or "
-            "maximize."
-        )
     sweep_dir = Path(args.dir or Path("runs", "sweeps", sweep_file.name))
     url, name = args.storage or storage.default_storage(sweep_dir), args.study or sweep_file.name
     monitor, mode = space.monitor_of(configs)
     metric = sweep_file.metric or monitor
     direction = sweep_file.direction or ("maximize" if mode == "max" else "minimize")
     # Bad input stops before the storage is opened: a new sweep creates nothing, an existing one is untouched.
-    study = existing_study(url, sweep_dir, name, metric, direction)
+    study = None
+    if url != storage.default_storage(sweep_dir) or (sweep_dir / "study.db").exists():
+        try:
+            study = optuna.load_study(study_name=name, storage=storage.open_storage(url, heartbeat=False))
+        except KeyError:
+            pass
+    had = (study.user_attrs.get("metric"), study.direction.name.lower()) if study else (None, direction)
+    if had[1] != direction or had[0] not in (None, metric):  # trial values of two metrics do not rank
+        raise ConfigError(
+            f"Study '{name}' in {url} ranks its trials by {had[0] or 'its metric'} ({had[1]}), not {metric} "
+            f"({direction}): its values and best.yaml would mix the two. Use another --dir/--study for another "
+            "metric, or the study's own metric and direction in the sweep file. Nothing was changed."
+        )
+    if args.report and study is None:
+        raise ConfigError(f"No study '{name}' in {url}: pass the --space, --dir/--storage, --study it used.")
     if args.report:
-        if study is None:
-            raise ConfigError(
-                f"No study '{name}' in {url}: run the sweep first, or pass the --space, --dir (or --storage) and "
-                "--study it ran with."
-            )
         report.write_report(study, sweep_dir, configs, metric)
         return 0
-    threads = os.environ.get("OMP_NUM_THREADS") or (
-        str(max(1, (os.cpu_count() or 1) // args.workers)) if args.workers > 1 else None
-    )
-    if not args.checked:  # --workers N: the parent checked once for its N workers
+    if args.workers > 1 and not os.environ.get("OMP_NUM_THREADS"):  # the trials, the dry run and the workers'
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.workers))
+    if not args.child:
         from project.sweep.check import check_inputs  # imports Lightning
 
-        check_inputs(args.space, sweep_file, configs, flags, metric, monitor, threads)
+        check_inputs(args.space, sweep_file, configs, flags, metric, monitor)
     optuna.logging.set_verbosity(optuna.logging.INFO)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     opened = storage.open_storage(url)
@@ -133,70 +123,26 @@ def run(argv: list[str]) -> int:
         study = optuna.load_study(study_name=name, storage=opened)
     if study.user_attrs.get("metric") is None:
         study.set_user_attr("metric", metric)
-    if args.workers > 1:
-        base = [sys.executable, "-m", "project", "sweep", *drop_flags(argv, "--workers", "--worker_index")]
-        print(f"{args.workers} workers, OMP_NUM_THREADS={threads or 'unset'} in each trial", flush=True)
-        env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
+    if args.workers > 1:  # the same command, each its own --worker_index (argparse takes a flag's last value)
+        argv = [a for a in argv if a != "--"]  # then no flag below is taken for a trial's
+        command = [sys.executable, "-m", "project", "sweep", *argv, "--child", "--workers", "1"]
+        print(f"{args.workers} workers, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}", flush=True)
         workers = [
-            subprocess.Popen(
-                [*base, "--no_report", "--checked", "--workers", "1", "--worker_index", str(k)],
-                env=env,
-                preexec_fn=die_with_parent,
-            )
+            subprocess.Popen([*command, "--worker_index", str(k)], preexec_fn=die_with_parent)
             for k in range(args.workers)
         ]
         code = max(w.wait() for w in workers)
     else:
-        first_trial = len(study.get_trials(deepcopy=False))  # --max_failed counts the failures from here on
+        first = len(study.get_trials(deepcopy=False))  # --max_failed counts this command's failures
         # Seeded samplers draw the same numbers in every process: each worker, and each resumption, starts the seed
         # elsewhere (a single worker's fresh sweep keeps the sweep file's seed, so it repeats exactly).
-        study.sampler = sweep_file.build_sampler(1000 * args.worker_index + first_trial)
+        study.sampler = sweep_file.build_sampler(1000 * args.worker_index + first)
         n_trials = args.n_trials or sweep_file.n_trials
-        fixed = {**sweep_file.fixed, **flags}
-        sweep = Sweep(
-            sweep_file, sweep_dir, url, name, configs, fixed, metric, n_trials, args.max_failed or n_trials
-        )
-        sweep.first_trial, sweep.threads = first_trial, threads
-        signal.signal(
-            signal.SIGTERM, _raise_interrupt
-        )  # SIGTERM (SLURM, kill): like Ctrl+C, re-queue the trial
+        fixed, max_failed = {**sweep_file.fixed, **flags}, args.max_failed or n_trials
+        sweep = Sweep(sweep_file, sweep_dir, url, configs, fixed, metric, n_trials, max_failed, first)
+        # SIGTERM (SLURM, kill) stops the trial like Ctrl+C, which queues its values again
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         code = run_worker(sweep, study)
-    if not args.no_report:
+    if not args.child:
         report.write_report(study, sweep_dir, configs, metric)
     return code
-
-
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def existing_study(url: str, sweep_dir: Path, name: str, metric: str, direction: str):
-    """The study if it exists (a default SQLite file that is not there is not created), else None. Its trial values
-    are one metric in one direction: another would mix them (best.yaml would name the new metric for old values)."""
-    import optuna
-
-    from project.sweep.storage import default_storage, open_storage
-
-    if url == default_storage(sweep_dir) and not (Path(sweep_dir) / "study.db").exists():
-        return None
-    try:
-        study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat=False))
-    except KeyError:
-        return None
-    had, had_direction = study.user_attrs.get("metric"), study.direction.name.lower()
-    if had_direction != direction or had not in (None, metric):
-        raise ConfigError(
-            f"Study '{name}' in {url} ranks its trials by {had or 'its metric'} ({had_direction}), not {metric} "
-            f"({direction}): its values and best.yaml would mix the two. Use another --dir/--study for another "
-            "metric, or the study's own metric and direction in the sweep file. Nothing was changed."
-        )
-    return study
-
-
-def drop_flags(argv: list[str], *flags: str) -> list[str]:
-    out, skip = [], False
-    for item in argv:
-        if not skip and item not in flags and not item.startswith(tuple(f"{f}=" for f in flags)):
-            out.append(item)
-        skip = not skip and item in flags
-    return out

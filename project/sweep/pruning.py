@@ -1,31 +1,26 @@
-"""TrialPruning: in a sweep trial's process, reports its epoch metric to the study and stops when the pruner says so.
+"""TrialPruning, in a trial's process: its metric to the study after every epoch, and a stop when the pruner says so.
 
-The sweep adds it to the trial's config (best.yaml leaves it out). Its own module: only a trial process imports
-optuna-integration (and with it Lightning), not the sweep's workers.
+Its own module: only a trial process imports optuna-integration (and with it Lightning), not the sweep's workers.
 """
 
 import math
-import sys
 
 import optuna
 from optuna_integration import PyTorchLightningPruningCallback
 
-from project.sweep.space import instantiate
+from project.sweep.space import NO_PRUNER, instantiate
 from project.sweep.storage import open_storage
 from project.sweep.worker import PRUNED_KEY
 
 
 class TrialPruning(PyTorchLightningPruningCallback):
-    """In a trial's process: optuna-integration's callback on the worker's trial, rebuilt from the storage and the
-    trial number (the Optuna Trial object lives in the worker). A pruned trial is marked with PRUNED_KEY, as
-    optuna-integration marks it under DDP, and its process ends at once without testing (exit code 0). A
+    """optuna-integration's callback on the worker's trial, rebuilt from the storage and the trial number. Pruned:
+    marked with PRUNED_KEY (as optuna-integration does under DDP), the process ends at once without testing. A
     non-finite metric (a diverged trial) is a failure with its reason (exit code 1), not a pruned trial."""
 
-    def __init__(
-        self, storage: str, study_name: str, trial_number: int, monitor: str, pruner: dict | None
-    ) -> None:
+    def __init__(self, storage: str, study_name: str, trial_number: int, monitor: str, pruner: dict | None):
         opened = open_storage(storage, heartbeat=False)
-        pruner = instantiate(pruner or {"class_path": "optuna.pruners.NopPruner"}, "pruner")
+        pruner = instantiate(pruner or NO_PRUNER, "pruner")
         study = optuna.load_study(study_name=study_name, storage=opened, pruner=pruner)
         study_id = opened.get_study_id_from_name(study_name)
         self._trial_id = opened.get_trial_id_from_study_id_trial_number(study_id, trial_number)
@@ -34,13 +29,10 @@ class TrialPruning(PyTorchLightningPruningCallback):
     def on_validation_end(self, trainer, pl_module) -> None:
         value = trainer.callback_metrics.get(self.monitor)
         if not trainer.sanity_checking and value is not None and not math.isfinite(float(value)):
-            print(
+            raise SystemExit(  # exit code 1, the message on stderr
                 f"\nerror: {self.monitor} is {float(value)} after epoch {pl_module.current_epoch}: this trial "
-                "diverged (a learning rate too high?). The sweep marks it failed and goes on.",
-                file=sys.stderr,
-                flush=True,
+                "diverged (a learning rate too high?). The sweep marks it failed and goes on."
             )
-            raise SystemExit(1)
         try:
             super().on_validation_end(trainer, pl_module)
         except optuna.TrialPruned as pruned:

@@ -1,15 +1,14 @@
 """The sweep file (configs/sweep/*.yaml): what a sweep searches, with which sampler and pruner, for how long.
 
-Keys of `params` and `fixed` are the training CLI's dotted keys (`model.init_args.optimizer.init_args.lr`, as in
-`python -m project fit --model.init_args.optimizer.init_args.lr 0.01`); a trial's config is those keys as one YAML
-overlay on the base config, so a trial is `make train` with a second `--config`. A parameter is the arguments of
+Keys of `params` and `fixed` are the training CLI's dotted keys; a trial's config is those keys as one YAML overlay
+on the base config, so a trial is `make train` with a second `--config`. A parameter holds the arguments of
 Optuna's `suggest_<type>` (low, high, log, step; choices), checked by building its Optuna distribution.
 """
 
 import copy
 import importlib
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from project.errors import ConfigError
 
 DISTRIBUTIONS = {"float": FloatDistribution, "int": IntDistribution, "categorical": CategoricalDistribution}
-TOP_KEYS = ("name", "n_trials", "metric", "direction", "enqueue_base", "sampler", "pruner", "fixed", "params")
+NO_PRUNER = {"class_path": "optuna.pruners.NopPruner"}
 EXAMPLE = "{type: float, low: 1.0e-4, high: 1.0e-2, log: true} or {type: categorical, choices: [32, 64]}"
 
 
@@ -28,18 +27,18 @@ class SweepSpace:
     """A parsed sweep file. `metric`/`direction` None: the base config's checkpoint monitor and mode."""
 
     name: str
-    n_trials: int
-    params: dict[str, dict]
-    fixed: dict[str, Any] = field(default_factory=dict)
+    n_trials: int = 20
     metric: str | None = None
     direction: str | None = None
     enqueue_base: bool = True
     sampler: dict | None = None
     pruner: dict | None = None
+    fixed: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, dict] = field(default_factory=dict)
 
     def sample(self, trial) -> dict[str, Any]:
-        """One value per parameter from an Optuna trial, keyed by the dotted CLI key."""
-        return {k: getattr(trial, f"suggest_{s['type']}")(k, **arguments(s)) for k, s in self.params.items()}
+        params = copy.deepcopy(self.params)
+        return {k: getattr(trial, f"suggest_{s.pop('type')}")(k, **s) for k, s in params.items()}
 
     def build_sampler(self, seed_offset: int = 0):
         spec = copy.deepcopy(self.sampler or {"class_path": "optuna.samplers.TPESampler"})
@@ -48,89 +47,63 @@ class SweepSpace:
             init["seed"] = int(init["seed"]) + seed_offset
         return instantiate(spec, "sampler")
 
-    def build_pruner(self):
-        return instantiate(self.pruner or {"class_path": "optuna.pruners.NopPruner"}, "pruner")
 
-
-def arguments(spec: dict) -> dict:
-    return {k: v for k, v in spec.items() if k != "type"}
+TOP_KEYS = [f.name for f in fields(SweepSpace)]
 
 
 def instantiate(spec: dict, what: str):
     """{class_path: optuna.pruners.MedianPruner, init_args: {...}} -> the object (as LightningCLI configs do)."""
-    path = spec.get("class_path", "")
-    module_name, _, class_name = path.rpartition(".")
+    path = str(spec.get("class_path"))
     try:
-        return getattr(importlib.import_module(module_name), class_name)(**(spec.get("init_args") or {}))
+        module, _, name = path.rpartition(".")
+        return getattr(importlib.import_module(module), name)(**(spec.get("init_args") or {}))
     except (ImportError, AttributeError, ValueError, TypeError) as err:
-        raise ConfigError(
-            f"The sweep file's {what} '{path}' could not be built ({err}). Give an importable class_path, e.g. "
-            f"optuna.{what}s.{'TPESampler' if what == 'sampler' else 'MedianPruner'}, and its init_args."
-        ) from err
+        message = f"The sweep file's {what} '{path}' could not be built ({err})"
+        raise ConfigError(f"{message}: give an importable class_path and its init_args.") from err
 
 
 def load_space(path: str | Path) -> SweepSpace:
     """Parse and check a sweep file: every problem found is named in one ConfigError paragraph, with its fix."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(
-            f"Sweep file '{path}' not found. Pass one with --space, e.g. configs/sweep/digits.yaml."
-        )
+        raise ConfigError(f"Sweep file '{path}' not found: give one with --space (configs/sweep/*.yaml).")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from err
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a sweep file is a mapping with the keys {', '.join(TOP_KEYS)}.")
-    params, fixed, n_trials = raw.get("params") or {}, raw.get("fixed") or {}, raw.get("n_trials")
-    good_n = isinstance(n_trials, int) and not isinstance(n_trials, bool) and n_trials > 0
-    unknown = sorted(set(raw) - set(TOP_KEYS))
-    problems = [
-        text
-        for ok, text in (
-            (not unknown, f"unknown key(s) {unknown}; a sweep file has {', '.join(TOP_KEYS)}"),
-            (
-                params and isinstance(params, dict),
-                f"`params` is empty; add a dotted key with a range, e.g. {EXAMPLE}",
-            ),
-            (isinstance(fixed, dict), "`fixed` must map dotted keys to values, e.g. trainer.max_epochs: 5"),
-            (
-                raw.get("direction") in (None, "minimize", "maximize"),
-                "direction must be minimize, maximize or null",
-            ),
-            (n_trials is None or good_n, f"n_trials {n_trials!r} must be a whole number of at least 1"),
-            (
-                isinstance(raw.get("metric"), (str, type(None))),
-                "metric must be a logged metric's name, e.g. val/loss",
-            ),
-        )
-        if not ok
-    ]
-    params, fixed = (params if isinstance(params, dict) else {}), (fixed if isinstance(fixed, dict) else {})
-    problems += [p for p in (param_problem(key, spec) for key, spec in params.items()) if p]
-    problems += [
-        f"'{k}' is both searched (params) and fixed: keep it in one" for k in set(params) & set(fixed)
-    ]
+    if not isinstance(raw, dict) or set(raw) - set(TOP_KEYS):
+        unknown = f" (not {sorted(set(raw) - set(TOP_KEYS))})" if isinstance(raw, dict) else ""
+        raise ConfigError(f"{path}: a sweep file is a mapping with the keys {', '.join(TOP_KEYS)}{unknown}.")
+    given = {k: v for k, v in raw.items() if v is not None}  # null: the default
+    space = SweepSpace(**{"name": path.stem, **given})
+    params, fixed, problems = space.params, space.fixed, []
+    if not isinstance(params, dict) or not params:
+        problems.append(f"`params` needs dotted keys with ranges, e.g. {EXAMPLE}")
+    if not isinstance(fixed, dict):
+        problems.append("`fixed` maps dotted keys to values, e.g. trainer.max_epochs: 5")
+    if space.direction not in (None, "minimize", "maximize") or space.metric and not space.direction:
+        problems.append("direction is minimize or maximize (null with metric null: the monitor's)")
+    if type(space.n_trials) is not int or space.n_trials < 1:
+        problems.append(f"n_trials {space.n_trials!r} is not a whole number above 0")
+    if isinstance(params, dict) and isinstance(fixed, dict):
+        problems += [p for p in (param_problem(key, spec) for key, spec in params.items()) if p]
+        problems += [f"'{k}' is searched and fixed: keep one" for k in set(params) & set(fixed)]
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems) + ". Nothing was run.")
-    kept = {k: raw.get(k) for k in ("metric", "direction", "sampler", "pruner")}
-    space = SweepSpace(str(raw.get("name") or path.stem), n_trials or 20, params, dict(fixed), **kept)
-    space.enqueue_base = bool(raw.get("enqueue_base", True))
-    space.build_sampler(), space.build_pruner()  # a class path that does not build: its own ConfigError
+    space.name = str(space.name)
+    space.build_sampler()  # a class path that does not build: a ConfigError of its own
+    instantiate(space.pruner or NO_PRUNER, "pruner")
     return space
 
 
 def param_problem(key: str, spec: Any) -> str | None:
-    """What is wrong with one parameter's range (Optuna would refuse it in every trial, or sample nonsense)."""
-    name = f"parameter '{key}'"
-    kind = spec.get("type") if isinstance(spec, dict) else spec
+    """What is wrong with one parameter's range (Optuna would refuse it in every trial)."""
+    name, kind = f"parameter '{key}'", spec.get("type") if isinstance(spec, dict) else spec
     if kind not in DISTRIBUTIONS:
         return f"{name} has type {kind!r}; it needs a type ({', '.join(DISTRIBUTIONS)}), e.g. {EXAMPLE}"
-    args = arguments(spec)
+    args = {k: v for k, v in spec.items() if k != "type"}
     if any(isinstance(args.get(side), str) for side in ("low", "high")):
         return f"{name} has a string bound ({args}): YAML reads 1e-3 as a string, write 1.0e-3"
-    if kind != "categorical" and args.get("low") is not None and args.get("low") == args.get("high"):
-        return f"{name} has low = high = {args['low']}: a single value belongs under `fixed:`"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # Optuna only warns of a choice it cannot store
@@ -145,25 +118,19 @@ def nest(dotted: dict[str, Any]) -> dict:
     tree: dict = {}
     for key, value in dotted.items():
         node = tree
-        *parents, leaf = key.split(".")
-        for part in parents:
+        for part in key.split(".")[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"Sweep keys clash: '{key}' goes below a key that has a value of its own.")
-        node[leaf] = value
+        node[key.split(".")[-1]] = value
     return tree
 
 
-def merge(base: dict, overlay: dict) -> dict:
-    """Deep merge of YAML mappings, the later one winning (how a second --config overrides the first)."""
-    out = dict(base)
-    for key, value in overlay.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = merge(out[key], value) if both else value
-    return out
-
-
 def base_tree(configs: list[str], *overlays: dict) -> dict:
+    def merge(base: dict, overlay: dict) -> dict:
+        both = {k for k, v in overlay.items() if isinstance(v, dict) and isinstance(base.get(k), dict)}
+        return {**base, **overlay, **{k: merge(base[k], overlay[k]) for k in both}}
+
     tree: dict = {}
     for document in [*(yaml.safe_load(Path(c).read_text()) or {} for c in configs), *overlays]:
         tree = merge(tree, document)
@@ -176,9 +143,7 @@ def monitor_of(configs: list[str]) -> tuple[str, str]:
         init = (callback.get("init_args") or {}) if isinstance(callback, dict) else {}
         if init.get("monitor") and str(callback.get("class_path")).endswith("Checkpoint"):
             return init["monitor"], init.get("mode", "min")
-    raise ConfigError(
-        "No ModelCheckpoint with a `monitor` in the base config: set `metric` and `direction` in the sweep file."
-    )
+    raise ConfigError("No ModelCheckpoint with a `monitor` in the base config: set the sweep file's metric.")
 
 
 def base_values(space: SweepSpace, configs: list[str]) -> dict[str, Any]:
@@ -188,8 +153,8 @@ def base_values(space: SweepSpace, configs: list[str]) -> dict[str, Any]:
         node: Any = tree
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        if node is not None and (
-            node in spec["choices"] if spec["type"] == "categorical" else spec["low"] <= node <= spec["high"]
-        ):
+        if node is None:
+            continue
+        if node in spec["choices"] if "choices" in spec else spec["low"] <= node <= spec["high"]:
             values[key] = node
     return values

@@ -1,12 +1,8 @@
 """A sweep worker: runs trials of one study until it holds n_trials finished ones (complete or pruned).
 
-Each trial is its own process, `python -m project fit --config <base> --config <trial dir>/sweep_trial.yaml
---run_dir <sweep>/trials/<n>`: exactly `make train` with one more overlay, so a NaN, an out-of-memory or a kill
-stays inside that trial, and a DDP trial launches its own ranks, not copies of the sweep. What it prints goes
-to `console.log` in its run directory.
-
-Outcomes: pruned (project/sweep/pruning.py) -> PRUNED; exit 0 -> COMPLETE with the metric; any other exit or a
-non-finite metric -> FAIL with the error's last lines in the trial's user attribute `error`, and the sweep goes on.
+Each trial is its own process, `make train` with one more --config overlay, so a NaN, an out-of-memory or a kill
+stays inside it, and a DDP trial launches its own ranks. Pruned (project/sweep/pruning.py) -> PRUNED; exit 0 ->
+COMPLETE; another exit or a non-finite metric -> FAIL with the error's last lines in its user attribute `error`.
 """
 
 import ctypes
@@ -14,9 +10,9 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +22,10 @@ from optuna.trial import TrialState
 
 from project.atomic import write_text_atomic
 from project.sweep.space import SweepSpace, nest
-from project.sweep.storage import recover_dead_trials
+from project.sweep.storage import HEARTBEAT_INTERVAL_S
 
 TRIAL_CONFIG, TRIAL_LOG = "sweep_trial.yaml", "console.log"
 PRUNED_KEY = "ddp_pl:pruned"  # the trial's system attribute optuna-integration sets when it prunes under DDP
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
 class TrialFailed(RuntimeError):
@@ -42,14 +37,12 @@ class Sweep:
     space: SweepSpace
     sweep_dir: Path
     storage_url: str
-    study_name: str
     configs: list[str]
     fixed: dict
     metric: str
     n_trials: int
     max_failed: int  # failed trials of this command (numbered from first_trial on) that stop it
     first_trial: int = 0
-    threads: str | None = None  # OMP_NUM_THREADS of the trial processes (None: inherited / torch's default)
 
 
 def trial_dir(sweep_dir: Path, number: int) -> Path:
@@ -57,18 +50,8 @@ def trial_dir(sweep_dir: Path, number: int) -> Path:
 
 
 def fit_command(configs: list[str], overlay: Path, run_dir: Path) -> list[str]:
-    bases = [arg for config in configs for arg in ("--config", config)]
-    return [
-        sys.executable,
-        "-m",
-        "project",
-        "fit",
-        *bases,
-        "--config",
-        str(overlay),
-        "--run_dir",
-        str(run_dir),
-    ]
+    bases = [arg for config in [*configs, str(overlay)] for arg in ("--config", config)]
+    return [sys.executable, "-m", "project", "fit", *bases, "--run_dir", str(run_dir)]
 
 
 def die_with_parent() -> None:
@@ -84,40 +67,28 @@ def make_objective(sweep: Sweep, study: optuna.Study):
     def objective(trial: optuna.Trial) -> float:
         params = sweep.space.sample(trial)
         run_dir = trial_dir(sweep.sweep_dir, trial.number)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        threads = sweep.threads or os.environ.get("OMP_NUM_THREADS")
-        # The pid last: recover_dead_trials judges a RUNNING trial by its host and pid, and a re-queued trial
-        # starts without either.
-        for key, value in (
-            ("run_dir", str(run_dir)),
-            ("omp_num_threads", threads),
-            ("host", socket.gethostname()),
-        ):
-            trial.set_user_attr(key, value)
-        trial.set_user_attr("pid", os.getpid())
-        init = dict(storage=sweep.storage_url, study_name=sweep.study_name, trial_number=trial.number)
-        init.update(monitor=sweep.metric, pruner=sweep.space.pruner)
+        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("omp_num_threads", os.environ.get("OMP_NUM_THREADS"))  # for best.yaml's re-run
+        trial.set_user_attr("pid", os.getpid())  # the worker's
+        init = dict(storage=sweep.storage_url, study_name=study.study_name, trial_number=trial.number)
         pruning = {"class_path": "project.sweep.pruning.TrialPruning", "init_args": init}
+        init.update(monitor=sweep.metric, pruner=sweep.space.pruner)
         overlay = nest({**sweep.fixed, **params})
         overlay.setdefault("trainer", {})["callbacks+"] = [pruning]  # appended to the base config's callbacks
-        config = run_dir / TRIAL_CONFIG
-        write_text_atomic(config, yaml.safe_dump(overlay, sort_keys=False))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / TRIAL_CONFIG, yaml.safe_dump(overlay, sort_keys=False))
         print(f"Trial {trial.number}: {run_dir} ({TRIAL_LOG} there)", flush=True)
-        env = dict(os.environ, **({"OMP_NUM_THREADS": sweep.threads} if sweep.threads else {}))
-        with open(run_dir / TRIAL_LOG, "ab") as log:
-            process = subprocess.Popen(
-                fit_command(sweep.configs, config, run_dir),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                preexec_fn=die_with_parent,
-            )
+        command, log = fit_command(sweep.configs, run_dir / TRIAL_CONFIG, run_dir), run_dir / TRIAL_LOG
+        with open(log, "ab") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=out, preexec_fn=die_with_parent)
             try:
                 code = process.wait()
-            except (
-                BaseException
-            ):  # Ctrl+C / SIGTERM of the worker: stop the trial, run its values again later
-                stop_process(process)
+            except BaseException:  # Ctrl+C or SIGTERM of the worker: stop the trial, run its values later
+                process.terminate()  # the trial saves last.ckpt and exits 143
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
                 base = {"base_config": True} if trial.user_attrs.get("base_config") else {}  # no retry limit
                 study.enqueue_trial(params, user_attrs={"retry_of": trial.number, **base})
                 raise
@@ -127,30 +98,18 @@ def make_objective(sweep: Sweep, study: optuna.Study):
         value = read_metric(run_dir, frozen, sweep.metric, study.direction) if code == 0 else None
         if value is not None and math.isfinite(value):
             return value
-        error = (
-            f"exit code {code}: {last_lines(run_dir / TRIAL_LOG)}" if code else f"{sweep.metric} is {value}"
-        )
+        error = f"exit code {code}: {last_lines(log)}" if code else f"{sweep.metric} is {value}"
         trial.set_user_attr("error", error)
-        raise TrialFailed(f"{error} (full log: {run_dir / TRIAL_LOG})")
+        raise TrialFailed(f"{error} (full log: {log})")
 
     return objective
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)  # the trial saves last.ckpt and exits 143
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def read_metric(run_dir: Path, trial: optuna.trial.FrozenTrial, metric: str, direction) -> float | None:
     """The checkpoint monitor's best_score from summary.json; another metric's best value the trial reported
     (optuna-integration keeps them in a system attribute under DDP)."""
-    summary = run_dir / "summary.json"
-    summary = json.loads(summary.read_text()) if summary.exists() else {}
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
     if summary.get("monitor") == metric:
         return None if summary.get("best_score") is None else float(summary["best_score"])
     values = trial.intermediate_values or trial.system_attrs.get("ddp_pl:intermediate_value") or {}
@@ -173,20 +132,24 @@ def run_worker(sweep: Sweep, study: optuna.Study) -> int:
     max_failed trials have failed (every trial failing means a config error: see a trial's console.log)."""
     objective = make_objective(sweep, study)
     while True:
-        recover_dead_trials(study)
+        optuna.storages.fail_stale_trials(study)  # dead workers' trials: failed, their values queued again
         trials = study.get_trials(deepcopy=False)
-        # a failure of the trial itself, in this command (a stopped or dead worker's trial runs again instead)
-        failed = sum(
-            t.state == TrialState.FAIL and "error" in t.user_attrs for t in trials[sweep.first_trial :]
-        )
-        if sum(t.state in (*FINISHED, TrialState.RUNNING) for t in trials) >= sweep.n_trials:
-            return 0  # a running trial that then fails is replaced by its own worker
+        finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        # failures of the trials themselves in this command (a stopped or dead worker's trial runs again instead)
+        mine = trials[sweep.first_trial :]
+        failed = sum(t.state == TrialState.FAIL and "error" in t.user_attrs for t in mine)
+        # A running trial finishes, or fails and its worker runs another, or goes stale when its worker died: on
+        # the journal, which has no heartbeat, it might stay RUNNING for ever.
+        busy = finished + running >= sweep.n_trials
+        if finished >= sweep.n_trials or busy and sweep.storage_url.startswith("journal:"):
+            return 0
         if failed >= sweep.max_failed:
-            print(
-                f"error: {failed} trials of this command failed (--max_failed {sweep.max_failed}); the sweep "
-                f"stops. Each trial's console.log under {sweep.sweep_dir}/trials/ says why.",
-                file=sys.stderr,
-                flush=True,
-            )
+            failures = f"{failed} trials of this command failed (--max_failed {sweep.max_failed})"
+            where = f"each trial's console.log under {sweep.sweep_dir}/trials/ says why"
+            print(f"error: {failures}; the sweep stops: {where}.", file=sys.stderr)
             return 1
-        study.optimize(objective, n_trials=1, catch=(TrialFailed,))
+        if busy:
+            time.sleep(HEARTBEAT_INTERVAL_S)
+        else:
+            study.optimize(objective, n_trials=1, catch=(TrialFailed,))
