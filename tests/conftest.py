@@ -43,6 +43,7 @@ DOC_PAGES = (
     "docs/performance.md",
     "docs/sweeps.md",
     "docs/recipes.md",
+    "docs/architecture.md",
 )
 
 
