@@ -1,12 +1,9 @@
-"""Data: three LightningDataModules, each named by `data.class_path` in the config.
+"""Data: three LightningDataModules, each named by `data.class_path` in the config, imported on first use (PEP
+562), so that predict and export can use project/data/normalize.py without importing Lightning.
 
-- ImageClassificationDataModule (project/data/datamodule.py): the embedded digits, an ImageFolder, torchvision's
-  CIFAR10 / MNIST / FashionMNIST files.
-- DatasetDataModule (project/data/dataset_module.py): any map-style Dataset and its collate_fn.
-- StreamingDataModule (project/data/streaming.py): litdata chunks written by `python -m project prepare`.
-
-They are imported on first use (PEP 562), so predict and export can use project/data/normalize.py without
-importing Lightning.
+- ImageClassificationDataModule (datamodule.py): the embedded digits, an ImageFolder, torchvision's files.
+- DatasetDataModule (dataset_module.py): any map-style Dataset and its collate_fn.
+- StreamingDataModule (streaming.py): litdata chunks written by `python -m project prepare`.
 """
 
 import importlib

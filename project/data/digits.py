@@ -1,11 +1,9 @@
 """The embedded default: 1,797 real 8x8 grey images of handwritten digits, 10 classes. No download.
 
 `digits.csv.gz` next to this file is the UCI "Optical Recognition of Handwritten Digits" test set
-(E. Alpaydin, C. Kaynak, 1998; CC BY 4.0, https://doi.org/10.24432/C50P49), byte for byte the copy that
-scikit-learn ships as `load_digits()`: one image per row, 64 pixel counts 0..16 then the label. Reading it
-here instead of importing scikit-learn keeps scikit-learn and SciPy out of the install, and SciPy out of
-every start-up (torchmetrics imports scipy.signal when SciPy is installed, a cost every run would pay for
-nothing it uses).
+(E. Alpaydin, C. Kaynak, 1998; CC BY 4.0, https://doi.org/10.24432/C50P49), byte for byte the copy scikit-learn
+ships as `load_digits()`: one image per row, 64 pixel counts 0..16 then the label. Read here, not through
+scikit-learn, to keep scikit-learn and SciPy out of the install and out of every start-up.
 """
 
 import gzip
@@ -30,6 +28,6 @@ def load_digits_tensors() -> tuple[Tensor, Tensor]:
             f"{FILE} is damaged (its SHA-256 differs); restore it with `git checkout -- {FILE.name}`."
         )
     rows = np.loadtxt(gzip.decompress(data).decode().splitlines(), delimiter=",", dtype=np.uint8)
-    # Pixels are counts 0..16: float32 explicitly (numpy would give float64, which must never reach the model).
+    # float32 explicitly: numpy would give float64, which must never reach the model
     images = torch.from_numpy(rows[:, :64].copy()).to(torch.float32).div_(16.0).view(-1, *INPUT_SHAPE)
     return images, torch.from_numpy(rows[:, 64].astype(np.int64))
