@@ -161,7 +161,7 @@ def doctor(args: list[str]) -> int:
     from jsonargparse import ArgumentError
 
     from project.cpus import usable_cpus
-    from project.data.workers import default_num_workers
+    from project.data.loaders import default_num_workers
     from project.errors import ConfigError
 
     blocking, notes = [], []

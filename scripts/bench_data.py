@@ -123,7 +123,7 @@ def one_run(name: str, p: dict, stream_dir: Path) -> dict:
 
 def loader_workers(name: str, stream_dir: Path) -> int:
     """The loader worker processes each path runs with by default (one training process)."""
-    from project.data.workers import default_num_workers
+    from project.data.loaders import default_num_workers
 
     # The image module's digits are decoded tensors (no files per sample); the streaming module reads files.
     return default_num_workers(reads_files=name == "streaming", local_processes=1)

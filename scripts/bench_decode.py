@@ -36,6 +36,7 @@ import argparse
 import functools
 import io
 import json
+import math
 import os
 import platform
 import statistics
@@ -184,16 +185,49 @@ def reference_fixed(path: Path, params, resample=None) -> torch.Tensor:
     return TF.to_tensor(out)
 
 
+def pil_file(path: str | Path) -> torch.Tensor:
+    """PIL decode, converted to RGB as torchvision's ImageFolder loader does, as a (3, H, W) uint8 tensor."""
+    from torchvision.transforms.functional import pil_to_tensor
+
+    with open(path, "rb") as f, Image.open(f) as im:
+        return pil_to_tensor(im.convert("RGB"))
+
+
+def draft_scale(size: tuple[int, int], crop_h: int, crop_w: int, out: int) -> float:
+    """The smallest JPEG DCT scale (1, 1/2, 1/4, 1/8) at which a (crop_h, crop_w) crop of an image of `size`
+    (W, H) still has at least `out` pixels on each side: decoding smaller would throw away detail."""
+    for scale in (1 / 8, 1 / 4, 1 / 2):
+        if math.ceil(crop_h * scale) >= out and math.ceil(crop_w * scale) >= out:
+            return scale
+    return 1.0
+
+
+def pil_draft_file(path: str | Path, params: tuple, out: int) -> tuple[torch.Tensor, tuple]:
+    """PIL decode with `draft` at the scale `draft_scale` allows for crop `params` = (i, j, h, w, flip); returns
+    the decoded tensor and the crop mapped to its size."""
+    from torchvision.transforms.functional import pil_to_tensor
+
+    i, j, h, w, flip = params
+    with open(path, "rb") as f, Image.open(f) as im:
+        full_w, full_h = im.size
+        scale = draft_scale(im.size, h, w, out)
+        if scale < 1 and im.format == "JPEG":
+            im.draft("RGB", (math.ceil(full_w * scale), math.ceil(full_h * scale)))
+        x = pil_to_tensor(im.convert("RGB"))
+    sy, sx = x.shape[1] / full_h, x.shape[2] / full_w
+    return x, (round(i * sy), round(j * sx), max(1, round(h * sy)), max(1, round(w * sx)), flip)
+
+
 def decode(path: Path, how: str, params=None) -> tuple[torch.Tensor, tuple | None]:
     """A uint8 (3, H, W) tensor by one of the decoders; with `params`, those mapped to the decoded size."""
-    from project.data import decode as project_decode
+    from project.data.decode import load_image
 
-    if how == "decode_image":
-        return project_decode.decode_image_file(path), params
+    if how == "decode_image":  # the template's decoder
+        return load_image(path), params
     if how == "pil":
-        return project_decode.pil_file(path), params
+        return pil_file(path), params
     if how == "pil_draft":
-        return project_decode.pil_draft_file(path, params, SIZE)
+        return pil_draft_file(path, params, SIZE)
     raise ValueError(how)
 
 
@@ -226,10 +260,10 @@ def pipelines() -> dict:
     from torchvision.transforms import v2
     from torchvision.transforms.v2 import functional as F2
 
-    from project.data import decode as project_decode
     from project.data.augment import augment_training_batch
-    from project.data.image_files import ImageFiles
-    from project.data.normalize import Normalize, resize
+    from project.data.decode import load_image_at
+    from project.data.image_folder import ImageFiles
+    from project.data.normalize import Normalize
 
     ref_tf = T.Compose(
         [
@@ -247,19 +281,18 @@ def pipelines() -> dict:
         """Crop drawn from the header's size first, then decoded at the DCT scale that crop allows."""
         with Image.open(path) as im:  # reads the header only
             i, j, h, w = T.RandomResizedCrop.get_params(im, (0.08, 1.0), (3 / 4, 4 / 3))
-        x, (i, j, h, w, _) = project_decode.pil_draft_file(path, (i, j, h, w, False), SIZE)
+        x, (i, j, h, w, _) = pil_draft_file(path, (i, j, h, w, False), SIZE)
         return F2.resized_crop(x, i, j, h, w, [SIZE, SIZE], antialias=True)
 
     return {
         "reference": (lambda p: Files(p, ref_tf, pil_loader), None),
-        "pil_uint8": (lambda p: Files(p, v2_tf, project_decode.pil_file), norm),
+        "pil_uint8": (lambda p: Files(p, v2_tf, pil_file), norm),
         # the template's default: its ImageFolder dataset and decoder (resized to the training size in the
         # worker), then its per-batch crop_flip augmentation and normalisation (project/data/base.py)
         "decode_image": (
             lambda p: ImageFiles(
                 [(x, k % CLASSES) for k, x in enumerate(p)],
-                functools.partial(resize, size=(SIZE, SIZE)),
-                project_decode.load_image,
+                functools.partial(load_image_at, size=(SIZE, SIZE)),
             ),
             lambda x: norm(augment_training_batch(x, "crop_flip", 0, 0, 0, 0)),
         ),
@@ -370,8 +403,6 @@ def output_check(paths: list[Path]) -> dict:
         for how in hows:
             out = candidate_fixed(path, params, how).float() / 255
             diffs[how].append((out - ref).abs().mean().item())
-        from project.data.decode import draft_scale
-
         with Image.open(path) as im:
             draft_used += draft_scale(im.size, params[2], params[3], SIZE) < 1
     result = {k: round(statistics.mean(v), 5) for k, v in diffs.items()}
@@ -408,8 +439,6 @@ def run(quick: bool, n_images: int | None = None, root: Path = DATA) -> dict:
     ref = per_worker["reference"]
     check = output_check(paths[: 48 if quick else 200])
     bound = check["bilinear_vs_bicubic (reference path)"]
-    from project.data.decode import DECODER
-
     result = {
         "images": n,
         "file_kb": {
@@ -428,7 +457,7 @@ def run(quick: bool, n_images: int | None = None, root: Path = DATA) -> dict:
         "mean_abs_diff_to_reference": check,
         "passes_output_check": {k: check[k] <= bound for k in ("pil", "decode_image", "pil_draft")},
         "breakdown_ms_per_sample": breakdown(measure[: 128 if quick else 512]),
-        "default_decoder": DECODER,
+        "default_decoder": "decode_image",
         "cpu": _cpu_model(),
         "torch_threads": torch.get_num_threads(),
     }

@@ -21,10 +21,11 @@ import lightning as L
 import torch
 from bench_loops import machine
 from torch import nn
+from torch.utils.data import DataLoader
 
 from project.data.augment import augment_training_batch
 from project.data.base import ImageData
-from project.data.in_memory import InMemoryLoader
+from project.data.loaders import ResumableDataLoader, TensorImages, batched
 from project.data.normalize import Normalize
 from project.models import TorchvisionClassifier
 from project.module import ClassificationModule
@@ -42,13 +43,15 @@ def _bf16(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _data(n: int, device: torch.device, seed: int = 0) -> tuple[InMemoryLoader, InMemoryLoader]:
+def _data(n: int, device: torch.device, seed: int = 0) -> tuple[DataLoader, DataLoader]:
+    """The template's in-memory path: each split one tensor on the device, a batch one index_select."""
     g = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (n + n // 5, 3, 32, 32), dtype=torch.uint8, generator=g)
     labels = torch.randint(0, 10, (n + n // 5,), generator=g)
     bs = min(BATCH, n)
-    train = InMemoryLoader(images[:n], labels[:n], bs, shuffle=True, seed=seed, device=device)
-    val = InMemoryLoader(images[n:], labels[n:], bs, shuffle=False, device=device)
+    images, labels = images.to(device), labels.to(device)
+    train = ResumableDataLoader(TensorImages(images[:n], labels[:n]), bs, seed, collate_fn=batched)
+    val = DataLoader(TensorImages(images[n:], labels[n:]), bs, collate_fn=batched)
     return train, val
 
 
@@ -70,6 +73,7 @@ def raw(n: int, device: torch.device, compile: bool = False) -> dict:
     starts = []
     normalize = Normalize(MEAN, STD).to(device)
     for epoch in range(EPOCHS):
+        train.sampler.set_epoch(epoch)
         _sync(device)
         starts.append(time.perf_counter())
         model.train()

@@ -556,14 +556,10 @@ def loader_samples_per_s(in_memory: bool, epochs: int = 2, n: int | None = None)
     path shares): the DataLoader path or the in-memory path.
     With n, a synthetic digits-shaped split of n images (in-memory path only)."""
     if n is not None:
-        from project.data.in_memory import InMemoryLoader
+        from project.data.loaders import ResumableDataLoader, TensorImages, batched
 
-        loader = InMemoryLoader(
-            torch.rand(n, 1, 8, 8),
-            torch.randint(0, 10, (n,)),
-            64,
-            shuffle=True,
-        )
+        images, labels = torch.rand(n, 1, 8, 8), torch.randint(0, 10, (n,))
+        loader = ResumableDataLoader(TensorImages(images, labels), 64, collate_fn=batched)
     else:
         dm = ImageClassificationDataModule(in_memory=in_memory)
         dm.setup("fit")

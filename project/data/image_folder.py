@@ -1,18 +1,26 @@
 """ImageFolder data: root/train/<class>/*, with root/val and root/test optional (carved from train if absent).
 
-This file reads the layout (class names, image size); project/data/folder_index.py lists and checks the files
-once, and project/data/image_files.py serves them.
+This file reads the layout (class names, image size) and serves a split's files; project/data/folder_index.py
+lists and checks them once.
 """
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
+from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from project.errors import ConfigError
 
 LAYOUT = "root/train/<class>/*.png|jpg (root/val/<class>/*, root/test/<class>/* optional)"
+
+
+def class_folders(folder: str | Path) -> list[str]:
+    """The class folders of a split, sorted; hidden ones (.ipynb_checkpoints, ...) are not classes."""
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
 
 
 def describe(root: str) -> tuple[list[str], tuple[int, int]]:
@@ -22,7 +30,7 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
         raise ConfigError(f"data.root '{root}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
     if not train.is_dir():
         raise ConfigError(f"'{train}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
-    classes = sorted(d.name for d in train.iterdir() if d.is_dir() and not d.name.startswith("."))
+    classes = class_folders(train)
     if not classes:
         raise ConfigError(f"'{train}' has no class folders. Expected {LAYOUT}: one folder per class.")
     for cls in classes:
@@ -34,3 +42,19 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
                 except Exception:  # reported with every other unreadable file at setup (folder_index.py)
                     continue
     raise ConfigError(f"'{train}' has class folders {classes} but no images ({', '.join(IMG_EXTENSIONS)}).")
+
+
+class ImageFiles(Dataset):
+    """samples[i] = (path, label) -> (loader(path), label): torchvision's ImageFolder without its directory scan
+    (the list comes from the folder index, made once)."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], loader: Callable[[str], Any]) -> None:
+        self.samples, self.loader = list(samples), loader
+        self.targets = [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        path, label = self.samples[i]
+        return self.loader(path), label

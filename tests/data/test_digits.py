@@ -82,16 +82,6 @@ def test_loader_settings():
     assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 2
 
 
-def test_float64_images_are_converted_with_a_warning():
-    import pytest
-
-    from project.data.tensor_dataset import ImageTensorDataset
-
-    with pytest.warns(UserWarning, match="float64"):
-        ds = ImageTensorDataset(torch.rand(4, 1, 8, 8, dtype=torch.float64), torch.zeros(4))
-    assert ds[0][0].dtype == torch.float32
-
-
 def test_state_dict_carries_classes_and_preprocessing():
     dm = setup_dm()
     state = dm.state_dict()

@@ -55,7 +55,7 @@ def test_second_start_opens_no_file(tmp_path, monkeypatch):
         a, b = getattr(first, split), getattr(second, split)
         assert a.samples == b.samples
     # the sets still serve images, through the decoder (project/data/decode.py)
-    reads = count_calls(monkeypatch, decode, "decode_image_file")
+    reads = count_calls(monkeypatch, decode, "load_image")
     x, y = second.train_set[0]
     assert x.shape == (3, 8, 8) and len(reads) == 1
 
