@@ -251,7 +251,7 @@ def test_mid_epoch_resume_is_bit_identical(in_tmp):
     assert run_cli("fit", *RESUME_FLAGS, "--run_dir", "runs/t", add("SignalAtStep", step=7)) == 143
     state = weights("runs/t")
     (loader_state,) = state["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert state["global_step"] == 8 and (loader_state["epoch"], loader_state["batches"]) == (2, 2)
+    assert state["global_step"] == 8 and (loader_state["epoch"], loader_state["position"]) == (2, 2)
     assert run_cli("fit", *RESUME_FLAGS, "--ckpt_path", "runs/t/checkpoints/last.ckpt") == 0
     a, b = weights("runs/ref"), weights("runs/t")
     assert a["global_step"] == b["global_step"] == 12

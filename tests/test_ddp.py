@@ -287,7 +287,7 @@ def test_two_torchrun_nodes_train_together_and_match_one_process_bit_for_bit(tmp
     r0, r1 = ranks(tmp_path / "probe")
     assert r0["run_dir"] == r1["run_dir"] == str(run_dir)  # each node's rank took the one given
     assert_disjoint_reshuffled_shards(r0, r1, epochs, sampler="EpochShard", train_size=TRAIN_DEFAULT_SPLIT)
-    # EpochShard's order: rank r trains on every second index of the permutation seeded by (seed, epoch) from r,
+    # EpochShard's order: rank r trains on the r-th contiguous half of the permutation seeded by (seed, epoch),
     # recomputed here from the run's seed alone, in the order the rank read it (its batches, first to last).
     seed = yaml.safe_load((run_dir / "config.yaml").read_text())["seed_everything"]
     for r, record in enumerate((r0, r1)):

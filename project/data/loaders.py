@@ -1,13 +1,11 @@
 """The DataLoaders of every map-style path: image files, tensors on the host, tensors on the training device.
 
-Training samplers are DistributedSamplers, which Lightning keeps under DDP (it wraps any other in its
-DistributedSamplerWrapper: padded shards, no mid-epoch start). Exact mid-epoch resume: Lightning saves a training
-loader's `state_dict()` in every checkpoint and restores it before the resumed run's first batch; it does not
-prefetch from loaders with a length, so the batches handed out are those trained on, and the resumed iterator
-skips their indices. The ranks move in lockstep, so rank 0's saved position is every rank's.
+Exact mid-epoch resume: Lightning saves a training loader's `state_dict()` in every checkpoint and restores it
+before the resumed run's first batch; it does not prefetch from loaders with a length, so the batches handed out
+are those trained on, and the resumed iterator skips their indices. The ranks move in lockstep: rank 0's saved
+position is every rank's.
 """
 
-import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +21,7 @@ from project.rng import mix_seed, run_seed
 if TYPE_CHECKING:
     import lightning as L
 
-WORKER_SEED_STREAM = 1  # mix_seed(seed, epoch, 1): worker base seeds; mix_seed(seed) seeds the order
+WORKER_SEED_STREAM = 1  # mix_seed(seed, epoch, 1): worker base seeds; mix_seed(seed, epoch): the order
 
 
 class TensorImages(Dataset):
@@ -50,17 +48,22 @@ def batched(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
 
 
 class EpochShard(DistributedSampler):
-    """This rank's share (every world_size-th index, equal shards) of a permutation seeded by (seed, epoch) only,
-    started `skip` indices in once. The seed is mixed first: seeds s and s + 1 would share orders shifted by an
-    epoch."""
+    """This rank's equal, contiguous slice of a permutation seeded by (seed, epoch) only (the remainder is left
+    out), started `skip` indices in once. A DistributedSampler, so Lightning keeps it under DDP (any other it wraps,
+    padding the shards and restarting interrupted epochs); not its order, seeded by seed + epoch, which runs seeded
+    s and s + 1 would share an epoch apart."""
 
     def __init__(self, n: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
-        super().__init__(range(n), world_size, rank, shuffle=True, seed=mix_seed(seed), drop_last=True)
+        super().__init__(range(n), world_size, rank, shuffle=True, seed=seed, drop_last=True)
         self.skip = 0
 
     def __iter__(self) -> Iterator[int]:
         skip, self.skip = self.skip, 0
-        return itertools.islice(super().__iter__(), skip, None)
+        start = self.rank * self.num_samples
+        order = torch.randperm(
+            len(self.dataset), generator=torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+        )
+        return iter(order[start + skip : start + self.num_samples].tolist())
 
 
 class ResumableDataLoader(DataLoader):
