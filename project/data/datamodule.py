@@ -6,6 +6,7 @@ statistics, resizing, augmentation, normalisation and loaders are the functions 
 
 import functools
 import os
+import warnings
 from typing import Literal
 
 import torch
@@ -155,6 +156,8 @@ class ImageClassificationDataModule(ImageData):
     def _loader(self, split: str) -> DataLoader:
         hp, trainer = self.hparams, self.trainer
         if self.use_in_memory():  # on the device: no workers, nothing to pin
+            # Lightning's hint to add workers does not apply: they would only carry the batches
+            warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
             dataset = TensorImages(*(t.to(self._device()) for t in self.tensors[split]))
             args = loader_args(trainer, hp.batch_size, 0, False, False, batched)
         else:
