@@ -1,10 +1,5 @@
-"""Data: three LightningDataModules, each named by `data.class_path` in the config, imported on first use (PEP
-562), so that predict and export can use project/data/normalize.py without importing Lightning.
-
-- ImageClassificationDataModule (datamodule.py): the embedded digits, an ImageFolder, torchvision's files.
-- DatasetDataModule (dataset_module.py): any map-style Dataset and its collate_fn.
-- StreamingDataModule (streaming.py): litdata chunks written by `python -m project prepare`.
-"""
+"""The data modules (datamodule.py: images; dataset_module.py: any Dataset; streaming.py: prepared chunks),
+imported on first use (PEP 562): predict and export use normalize.py without importing Lightning."""
 
 import importlib
 

@@ -1,9 +1,6 @@
-"""Training augmentation: one implementation per recipe, on whole batches on the training device, for every path.
-
-Every image path hands its batches to the data module as pixels at the training size, augmented here before
-normalisation. A batch's random draws come from a generator seeded by (run seed, epoch, batch index in the epoch,
-rank) only: the same batch gets the same augmentation on every path and after a resume.
-"""
+"""Training augmentation, one implementation per recipe, on whole batches on the training device for every
+path. A batch's draws come from (run seed, epoch, batch index, rank) only: the same batch gets the same
+augmentation on every path and after a resume."""
 
 from typing import Literal, get_args
 
@@ -31,7 +28,6 @@ AUGMENT_STREAM = 2  # mix_seed(seed, epoch, batch, rank, 2): a training batch's 
 
 
 def recipe_for(augment: str | None, source: str) -> str:
-    """The configured recipe, or the source's (SOURCE_RECIPE) when unset."""
     if augment is None:
         return SOURCE_RECIPE.get(source, "none")
     if augment not in RECIPES:
@@ -40,8 +36,7 @@ def recipe_for(augment: str | None, source: str) -> str:
 
 
 def augment_training_batch(x: Tensor, recipe: str, seed: int, epoch: int, batch: int, rank: int) -> Tensor:
-    """A training batch of pixels (uint8, or float in [0, 1]) -> augmented float32 in [0, 1] (x itself for
-    recipe "none"), with random draws from (seed, epoch, batch, rank) only."""
+    """Pixels (uint8, or float in [0, 1]) -> augmented float32 in [0, 1] (x itself for recipe "none")."""
     if recipe == "none":
         return x
     g = torch.Generator(device=x.device).manual_seed(mix_seed(seed, epoch, batch, rank, AUGMENT_STREAM))

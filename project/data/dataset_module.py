@@ -75,16 +75,14 @@ class DatasetDataModule(ClassificationData):
         fractions = self.fractions({name for name in ("val", "test") if given[name] is not None})
         carved = carve(_targets(train), len(train), fractions, self.hparams.split_seed)
         self.train_set = train if len(carved["train"]) == len(train) else Subset(train, carved["train"])
-        self.val_set = given["val"] if given["val"] is not None else Subset(train, carved["val"])
-        self.test_set = given["test"] if given["test"] is not None else Subset(train, carved["test"])
+        self.val_set, self.test_set = (
+            given[s] if given[s] is not None else Subset(train, carved[s]) for s in ("val", "test")
+        )
         checked = []
-        for name, dataset in given.items():
-            if dataset is None:
-                continue
+        for name, dataset in ((name, d) for name, d in given.items() if d is not None):
             if self.collate_fn is None and len(dataset):
                 _refuse_pil_images(dataset[0], dataset, name)
-            targets = _targets(dataset)
-            if targets is not None:
+            if (targets := _targets(dataset)) is not None:
                 check_labels(torch.as_tensor(targets), self.num_classes, f"The {name} dataset")
             checked.append(targets is not None)
         self.labels_checked = all(checked)

@@ -1,9 +1,5 @@
-"""Image files -> uint8 (3, H, W) RGB tensors, the ImageFolder path's decoder.
-
-torchvision.io.decode_image (libjpeg-turbo, straight into a tensor): the fastest of the decoders that
-scripts/bench_decode.py measures, and pixel for pixel what torchvision's ImageFolder loader (PIL, converted to
-RGB) gives on JPEG and PNG. PIL reads the formats it does not (BMP, TIFF, ...).
-"""
+"""Image files -> uint8 (3, H, W) RGB tensors: torchvision.io.decode_image, the fastest decoder that
+scripts/bench_decode.py measures and pixel for pixel what ImageFolder's PIL loader gives on JPEG and PNG."""
 
 from pathlib import Path
 
@@ -14,12 +10,11 @@ from project.data.normalize import resize
 
 
 def load_image(path: str | Path) -> Tensor:
-    """An image file as a (3, H, W) uint8 RGB tensor."""
     from torchvision.io import ImageReadMode, decode_image
 
     try:
         x = decode_image(str(path), mode=ImageReadMode.RGB)
-    except RuntimeError:  # a format torchvision's decoders do not read
+    except RuntimeError:  # a format torchvision does not decode (BMP, TIFF, ...): PIL, as ImageFolder
         from PIL import Image
         from torchvision.transforms.functional import pil_to_tensor
 
@@ -31,5 +26,5 @@ def load_image(path: str | Path) -> Tensor:
 
 
 def load_image_at(path: str | Path, size: tuple[int, int] | None) -> Tensor:
-    """An image file as every path serves it: uint8 (3, H, W) RGB at the training size (normalize.resize)."""
+    """An image file as every path serves it: at the training size (normalize.resize)."""
     return resize(load_image(path), size)

@@ -1,17 +1,12 @@
 """Index and check an ImageFolder once; later starts re-check only the files that changed.
 
-- Scan: torchvision's ImageFolder listing (`make_dataset`: its files in its order, so the samples and splits are
-  ImageFolder's) and one stat per file. Nothing is opened.
-- Manifest (`index.json`): per split the files' paths, sizes and mtime_ns when checked, why each unreadable file
-  is unreadable, and the training statistics with the caller's key. A split whose three lists equal the scan's is
-  taken whole (no per-file work in Python); otherwise only new or changed files are checked (make's and rsync's
-  rule: a rewrite in one mtime tick with the same size goes unnoticed). The statistics are recomputed when the
-  training lists or the key change.
-- Where: `<root>/.project-index/`, shared by every run, user and node of the data; for a read-only root the user
-  cache (`$XDG_CACHE_HOME/project/folder-index/<hash of root>/`); else made in memory at each start.
-- One process builds it under a file lock; a process that finds it fresh reads it without the lock. Lightning's
-  prepare_data barrier orders one node's processes only; the lock also covers several nodes on one shared folder,
-  two runs on one folder (sweep workers), `doctor` next to a run.
+The listing is torchvision's (`make_dataset`: ImageFolder's files in its order) plus one stat per file. The
+manifest keeps per split the files' paths, sizes and mtime_ns when checked, why each unreadable file is, and the
+training statistics with the caller's key: a split whose lists equal the scan's is taken whole (no per-file work
+in Python), else only new or changed files are checked (make's rule: a same-size rewrite within one mtime tick
+goes unnoticed). It lives in `<root>/.project-index/`, or for a read-only root in the user cache. One process
+builds it under a file lock, which Lightning's prepare_data barrier alone would not give several nodes or runs
+sharing a folder; a process that finds it fresh reads it without the lock.
 """
 
 import hashlib
@@ -36,8 +31,6 @@ LOCAL_DIR = ".project-index"
 MANIFEST = "index.json"
 VERSION = 2
 
-Stats = Callable[[list[tuple[str, int]]], tuple[list[float], list[float]]]
-
 
 @dataclass
 class FolderIndex:
@@ -49,11 +42,10 @@ class FolderIndex:
 
 
 def index_folder(
-    root: str | Path, classes: list[str], stats: Stats | None = None, stats_key: str = ""
+    root: str | Path, classes: list[str], stats: Callable | None = None, stats_key: str = ""
 ) -> FolderIndex:
-    """The splits' samples and unreadable files, and (with `stats`, a function of the training samples, called
-    only when needed and never while a training file is unreadable) the training split's mean/std.
-    classes: the class folders of root/train (image_folder.describe); val and test must have the same."""
+    """The splits' samples and unreadable files, and the training split's mean/std from `stats` (a function of
+    its samples, called only when they or `stats_key` changed, never while a training file is unreadable)."""
     root = Path(root)
     scan = {split: _scan(root, split, classes) for split in SPLITS if (root / split).is_dir()}
     where = cache_dir(root)
@@ -117,9 +109,8 @@ def _stat(path: str) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def _build(root: Path, scan: dict, old: dict, stats: Stats | None, stats_key: str, may_work: bool):
-    """(FolderIndex, manifest) from the scan and the old manifest; None when may_work is False and a file
-    would have to be checked or the statistics computed."""
+def _build(root: Path, scan: dict, old: dict, stats: Callable | None, stats_key: str, may_work: bool):
+    """(FolderIndex, manifest); None when may_work is False and a file must be checked or statistics computed."""
     old_splits, old_bad = old.get("splits", {}), old.get("bad", {})
     base = str(root).rstrip(os.sep) + os.sep
     manifest = {"version": VERSION, "root": str(root.resolve()), "splits": {}, "bad": {}, "stats": None}
@@ -160,7 +151,7 @@ def _build(root: Path, scan: dict, old: dict, stats: Stats | None, stats_key: st
 
 
 def _read(path: Path) -> dict:
-    """The manifest, or {} when it is absent, unreadable or of another version (then it is made again)."""
+    """The manifest, or {} (made again) when it is absent, unreadable or of another version."""
     try:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)

@@ -1,8 +1,5 @@
-"""ImageFolder data: root/train/<class>/*, with root/val and root/test optional (carved from train if absent).
-
-This file reads the layout (class names, image size) and serves a split's files; project/data/folder_index.py
-lists and checks them once.
-"""
+"""ImageFolder data: root/train/<class>/*, root/val and root/test optional (carved from train if absent).
+The layout and the files dataset; folder_index.py lists and checks the files once."""
 
 import os
 from collections.abc import Callable, Sequence
@@ -19,7 +16,7 @@ LAYOUT = "root/train/<class>/*.png|jpg (root/val/<class>/*, root/test/<class>/* 
 
 
 def class_folders(folder: str | Path) -> list[str]:
-    """The class folders of a split, sorted; hidden ones (.ipynb_checkpoints, ...) are not classes."""
+    """Sorted; hidden folders (.ipynb_checkpoints, ...) are not classes."""
     return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
 
 
@@ -45,8 +42,7 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
 
 
 class ImageFiles(Dataset):
-    """samples[i] = (path, label) -> (loader(path), label): torchvision's ImageFolder without its directory scan
-    (the list comes from the folder index, made once)."""
+    """samples[i] = (path, label) -> (loader(path), label): ImageFolder without its scan (the index made it)."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], loader: Callable[[str], Any]) -> None:
         self.samples, self.loader = list(samples), loader

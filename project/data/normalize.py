@@ -1,10 +1,6 @@
-"""The preprocessing every image path shares: `resize` to the training size, then `normalize`.
-
-The same two steps for training (every data path), evaluation, predict and export, so they cannot drift apart:
-`resize` once per image on the CPU, in the pixels' own type (uint8 stays uint8, a quarter of float32, through the
-loader and the copy to the device); `normalize` with the training split's statistics (stats.py), on whole batches
-on the training device (the data modules' `on_after_batch_transfer`) or on one image in predict. Torch only:
-predict imports this without torchvision.
+"""The preprocessing of every path, evaluation, predict and export, so they cannot drift apart: `resize` once
+per image, in the pixels' own type (uint8 travels as a quarter of float32), then `normalize` on the device.
+Torch only: predict imports this without torchvision.
 """
 
 import torch

@@ -11,11 +11,8 @@ from project.data import digits
 
 class DigitPixelSequences(Dataset):
     """Each 8x8 digit as the sequence of its ink pixels in reading order, one (row, column, intensity) step per
-    pixel, each scaled to [0, 1]: 16 to 42 steps on the shipped digits; 10 classes.
-
-    What DatasetDataModule and the CLI read from a dataset (all optional): `classes` (the class names),
-    `targets` (every label, read without loading the samples: stratified splits, labels checked before
-    training), `in_channels` (features per step; the CLI passes it to the model's `in_channels`).
+    pixel, each in [0, 1]: 16 to 42 steps. `classes`, `targets` and `in_channels` are what DatasetDataModule and
+    the CLI read from a dataset (all optional).
 
     Args:
         min_intensity: keep the pixels brighter than this (in [0, 1]; 0 keeps every pixel with ink).

@@ -1,9 +1,5 @@
-"""Train/val/test splits: one pure function of the labels and `split_seed`, for every data path.
-
-The image module, the any-Dataset module and `prepare` all call `carve`, so the same data and settings give the
-same split membership on every path; and a split never moves with the training seed: its permutations draw from
-a generator seeded by `split_seed` alone, never from the global RNG.
-"""
+"""Train/val/test splits: `carve`, for every data module and `prepare`, a pure function of the labels and
+`split_seed` (its own generator, never the global RNG): a split never moves with the training seed."""
 
 import math
 from collections.abc import Callable, Sequence
@@ -19,13 +15,8 @@ CARVE_ORDER = ("test", "val")  # test from the whole pool, then val from what is
 def stratified_split(
     labels: Tensor | Sequence[int], fraction: float, seed: int
 ) -> tuple[list[int], list[int]]:
-    """Split indices 0..N-1 into (rest, held_out), class ratios preserved.
-
-    ceil(fraction * N) indices are held out (as scikit-learn's train_test_split counts), shared among the classes
-    in proportion to their sizes (the largest remainders get the leftover places), each class's members drawn by
-    a permutation seeded by `seed`. ValueError when a class has fewer than 2 members or a side would have fewer
-    samples than there are classes.
-    """
+    """(rest, held_out) of 0..N-1: ceil(fraction * N) held out (scikit-learn's count), shared among the classes
+    in proportion to their sizes (largest remainders first), each class's drawn by a permutation seeded by `seed`."""
     labels = torch.as_tensor(labels, dtype=torch.long)
     n = len(labels)
     if fraction <= 0:
@@ -66,12 +57,8 @@ def carve(
     seed: int,
     flag: Callable[[str], str] = lambda name: f"--data.init_args.{name}_fraction",
 ) -> dict[str, list[int]]:
-    """{"train": indices, <name>: indices for each name in fractions} of a pool of n samples.
-
-    fractions: the splits to carve ("test" and/or "val"; one the data has is not listed) and their shares.
-    labels: the pool's labels (stratified splits), or None (a seeded random split).
-    flag: names the setting in errors (the training CLI's by default; prepare passes its own).
-    """
+    """{"train": indices, <name>: indices} of a pool of n samples for each split in `fractions` (test first);
+    stratified by `labels`, or a seeded random split without. `flag` names the setting in errors."""
     index = list(range(n))
     out: dict[str, list[int]] = {}
     for name in (name for name in CARVE_ORDER if name in fractions):

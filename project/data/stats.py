@@ -1,7 +1,5 @@
-"""Normalisation statistics, one rule for every path: the training split only (never val or test, carved or
-not), of the pixels at the training size as training receives them, on the [0, 1] scale, from at most
-STATS_LIMIT training samples evenly spaced in the split's order. The image module and `prepare` call the same
-function on the same samples, so files, memory and prepared chunks are normalised with the same numbers."""
+"""Normalisation statistics, one rule for every path and `prepare`: the training split only, of the pixels at
+the training size, from at most STATS_LIMIT samples evenly spaced in the split's order."""
 
 import math
 from collections.abc import Callable, Sequence
@@ -15,9 +13,8 @@ STATS_LIMIT = 4096
 
 
 def train_stats(pixels: Callable[[int], Tensor], train: Sequence[int]) -> tuple[list[float], list[float]]:
-    """Per-channel (mean, std) of the samples `train` (passed to `pixels`, which returns a (C, H, W) uint8 or
-    [0, 1] float tensor). Summed in float64 one sample at a time (memory: one image); the unbiased std, clamped
-    away from 0 so that a constant channel cannot divide by zero."""
+    """Per-channel (mean, std) on the [0, 1] scale of pixels(i) for i in `train`, summed in float64 one sample at a
+    time; the std clamped away from 0 so that a constant channel cannot divide by zero."""
     total = total_sq = count = 0
     for pos in range(0, len(train), max(1, math.ceil(len(train) / STATS_LIMIT))):
         x = pixels(train[pos])
