@@ -107,6 +107,9 @@ class _Data(ImageData):
         self.class_names, self.input_shape = [str(i) for i in range(10)], (3, 32, 32)
         self.mean, self.std, self.recipe = MEAN, STD, RECIPE
 
+    def setup(self, stage: str | None = None) -> None:  # the loaders are made above
+        pass
+
     def train_dataloader(self):
         return self.loaders[0]
 
