@@ -87,7 +87,8 @@ class ResumableDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         # A generator: its body runs at the first next(), after Lightning has called set_epoch.
         epoch, state, self._resume = getattr(self.sampler, "epoch", 0), self._resume, None
-        skip = state.get("position", 0) if state and state["epoch"] == epoch else 0
+        # checkpoints of the DataLoader path before the in-memory loader merged into it say "batches"
+        skip = state.get("position", state.get("batches", 0)) if state and state["epoch"] == epoch else 0
         if 0 < skip < len(self) and isinstance(self.sampler, EpochShard):
             self.sampler.skip = skip * self.batch_size
         else:
