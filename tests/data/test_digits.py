@@ -117,3 +117,13 @@ def test_stratified_split_counts_seeds_and_errors():
         stratified_split([0, 0, 1, 2, 2], 0.4, seed=0)
     with pytest.raises(ValueError, match="fewer samples than the 3 classes"):
         stratified_split([0, 0, 1, 1, 2, 2], 0.2, seed=0)
+
+
+@pytest.mark.claim("bad-input-batch-size")
+def test_prepare_data_loads_and_checks_the_data():
+    """Lightning creates the loggers' files between prepare_data and setup: bad data must fail in prepare_data.
+    (The CLI also removes a run directory without checkpoints, which hides a check moved to setup.)"""
+    from project.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fewer than data.batch_size=5000"):
+        ImageClassificationDataModule(batch_size=5000).prepare_data()
