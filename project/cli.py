@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import torch
@@ -23,7 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project import links, run_dir
 from project.callbacks.log_config import LogConfig
-from project.callbacks.report import RunReport
+from project.callbacks.report import RunReport, is_classifier
 from project.checkpoint import check_checkpoint, read_checkpoint
 from project.console import drop_inapplicable_messages
 from project.distributed import describe_world, env_rank, quiet_non_zero_ranks, share_cpu_threads
@@ -56,8 +57,8 @@ class ProjectCLI(LightningCLI):
     Args (besides LightningCLI's):
         only_subcommands: build the parser of these subcommands only (build_cli passes the one on the command
             line). Each subcommand's parser introspects every class of the config: building one instead of
-            four spares most of LightningCLI's parser set-up at every start (`make bench`:
-            default_run.startup_parts_seconds; docs/performance-history.md).
+            four spares most of LightningCLI's parser set-up at every start (~0.22 s to ~0.08 s on 2 CPU
+            cores).
     """
 
     def __init__(self, *args, only_subcommands: Sequence[str] | None = None, **kwargs) -> None:
@@ -91,6 +92,20 @@ class ProjectCLI(LightningCLI):
             default=0,
             help="Also write checkpoints/last.ckpt every N optimizer steps, mid-epoch included (0 = off; sets the "
             "config's RunCheckpoint every_n_train_steps; its wall-clock interval stays on).",
+        )
+        parser.add_argument(  # set monitor and mode of the config's RunCheckpoint
+            "--monitor",
+            type=str | None,
+            default=None,
+            help="The logged metric that selects best-*.ckpt (tested after fit), e.g. val_loss; ReduceLROnPlateau "
+            "steps on it too. Sets the config's RunCheckpoint monitor (default: its own, val/loss).",
+        )
+        parser.add_argument(
+            "--mode",
+            type=Literal["min", "max"] | None,
+            default=None,
+            help="min: the lowest --monitor value is best (a loss); max: the highest (an accuracy). Sets the "
+            "config's RunCheckpoint mode (default: its own, min).",
         )
         parser.set_defaults({"trainer.precision": auto_precision()})
         for target in self.link_targets:  # the value comes from the plan made after parsing (self.links)
@@ -135,8 +150,9 @@ class ProjectCLI(LightningCLI):
         )  # None: build_cli(run=False) parses a fit config without a subcommand
         config = self.config[subcommand] if self.subcommand else self.config
         trainer = config.trainer
-        if subcommand == "fit" and config.get("checkpoint_every_n_steps"):
-            step_checkpoint(trainer.callbacks, config.checkpoint_every_n_steps)
+        for flag, key in RUN_CHECKPOINT_FLAGS.items():
+            if subcommand == "fit" and config.get(flag):
+                set_run_checkpoint(trainer.callbacks, flag, key, config[flag])
         run_dir.prepare(config, subcommand, command_line=self.parsed_sys_argv)
         # Last, as the config is now built from: Lightning records the module's hyperparameters from
         # `self.config_dump` (it dumps the config itself only when none is set), then writes each linked value
@@ -170,9 +186,10 @@ class ProjectCLI(LightningCLI):
                 "trainer.sync_batchnorm needs GPUs (SyncBatchNorm is CUDA-only), but this run is on CPU. "
                 "Set --trainer.sync_batchnorm false."
             )
-        for callback in self.trainer.callbacks:  # drawn once, after the test that after_fit runs
-            if isinstance(callback, RunReport):
-                callback.test_follows_fit = bool(self.config.fit.test_after_fit)
+        self.untested = untestable(self.model, self.datamodule)  # the after-fit test is skipped, said why
+        for callback in self.trainer.callbacks:  # written once, after the test that after_fit runs
+            if isinstance(callback, RunReport | LogConfig):
+                callback.test_follows_fit = bool(self.config.fit.test_after_fit) and not self.untested
         if self.trainer.world_size > 1:  # DDP: say what one optimizer step sees (rank 0 only)
             share_cpu_threads(self.trainer)  # runs in every rank: each one parses the CLI
             batch = getattr(getattr(self.datamodule, "hparams", None), "batch_size", None)
@@ -186,12 +203,14 @@ class ProjectCLI(LightningCLI):
             ckpt = trainer.checkpoint_callback
             # The run's checkpoint callback's best file (None when no epoch was selected: the final weights).
             best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
-            trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
+            if not self.untested:
+                trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
+            elif trainer.is_global_zero:
+                print(f"No test after fit: {self.untested}.", flush=True)
         finish_wandb()  # its footer prints here, above the summary: the run directory stays the last line
         if trainer.is_global_zero:  # with what predict and export lack of the data module's state (or None)
-            print_summary(
-                Path(trainer.default_root_dir), self.datamodule.state_dict() if self.datamodule else None
-            )
+            state = self.datamodule.state_dict() if self.datamodule else None
+            print_summary(Path(trainer.default_root_dir), state, classifier=is_classifier(self.model))
 
     def after_test(self) -> None:
         finish_wandb()
@@ -223,9 +242,17 @@ def _add_missing_init_args(node) -> None:
             _add_missing_init_args(value)
 
 
-def step_checkpoint(callbacks: list | None, every_n_steps: int) -> None:
-    """`--checkpoint_every_n_steps N`: the config's RunCheckpoint also writes checkpoints/last.ckpt every N optimizer
-    steps, mid-epoch included (its `every_n_train_steps`; config.yaml records it, so a resume keeps it)."""
+# Top-level flags that set an argument of the config's RunCheckpoint: {flag: its argument}
+RUN_CHECKPOINT_FLAGS = {
+    "checkpoint_every_n_steps": "every_n_train_steps",
+    "monitor": "monitor",
+    "mode": "mode",
+}
+
+
+def set_run_checkpoint(callbacks: list | None, flag: str, key: str, value) -> None:
+    """A flag's value into the config's RunCheckpoint init_args (config.yaml records it, so a resume keeps it):
+    `--checkpoint_every_n_steps N` (last.ckpt every N optimizer steps, mid-epoch included), `--monitor`, `--mode`."""
     import pydoc
 
     from project.callbacks import RunCheckpoint
@@ -233,22 +260,34 @@ def step_checkpoint(callbacks: list | None, every_n_steps: int) -> None:
     for callback in callbacks or []:
         cls = pydoc.locate(callback.class_path)  # the parser has imported it already
         if isinstance(cls, type) and issubclass(cls, RunCheckpoint):
-            callback.init_args.every_n_train_steps = every_n_steps
+            callback.init_args[key] = value
             return
     raise ConfigError(
-        "--checkpoint_every_n_steps sets every_n_train_steps of the config's project.callbacks.RunCheckpoint, and "
-        "trainer.callbacks has none: add it (configs/default.yaml lists it) or drop the flag."
+        f"--{flag} sets {key} of the config's project.callbacks.RunCheckpoint, and trainer.callbacks has none: add "
+        "it (configs/default.yaml lists it) or drop the flag."
     )
+
+
+def untestable(model: L.LightningModule, datamodule: L.LightningDataModule | None) -> str:
+    """Why the after-fit test cannot run ("" when it can): Lightning's trainer.test needs a test_step and a loader."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    if not is_overridden("test_step", model):
+        return f"{type(model).__name__} has no test_step"
+    if not any(is_overridden("test_dataloader", m) for m in (model, datamodule) if m is not None):
+        return "neither the module nor the data module has a test_dataloader"
+    return ""
 
 
 # summary.json's keys in the order a person reads them: the verdict first, then where the files are
 SUMMARY_FIRST = ("test_acc", "test_loss", "best_val_acc", "epochs", "train_seconds")
 
 
-def print_summary(run_dir: Path, data_state: dict | None = None) -> None:
+def print_summary(run_dir: Path, data_state: dict | None = None, classifier: bool = True) -> None:
     """The run's summary.json as a table (the test result first), what to look at or run next, then the run dir.
-    make predict and make export are named when the data module's state has what they read (contract_gaps), and a
-    note says what it lacks (none for a DatasetDataModule, whose data is not images)."""
+    classifier: a module RunReport draws a confusion matrix for, and predict and export serve; they are named when
+    the data module's state has what they read (contract_gaps), and a note says what it lacks (none for a
+    DatasetDataModule, whose data is not images)."""
     import json
 
     from rich.console import Console
@@ -264,7 +303,8 @@ def print_summary(run_dir: Path, data_state: dict | None = None) -> None:
         ordered = [k for k in SUMMARY_FIRST if k in summary] + [k for k in summary if k not in SUMMARY_FIRST]
         for key in ordered:
             value = summary[key]
-            if value is None:  # best_val_acc of a module that logs no val/acc
+            # best_val_acc of a module that logs no val/acc, best_checkpoint of a run that selects none
+            if value is None or value == "":
                 continue
             table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
         Console().print(table)
@@ -272,7 +312,7 @@ def print_summary(run_dir: Path, data_state: dict | None = None) -> None:
         if best and Path(best).is_absolute() and Path(best).is_relative_to(Path.cwd()):
             best = str(Path(best).relative_to(Path.cwd()))  # as the README's commands write it
         report = run_dir / "report.png"
-        classifier = "test_acc" in summary  # predict and export serve classifiers
+        classifier = classifier and "test_acc" in summary
         if report.exists():
             drawn = ", confusion matrix, wrong images" if classifier else ""
             print(f"Report: {report} (curves, learning rate{drawn})", flush=True)
@@ -284,7 +324,7 @@ def print_summary(run_dir: Path, data_state: dict | None = None) -> None:
                 f"make export CKPT={best}",
                 flush=True,
             )
-    if gaps and not (data_state or {}).get("dataset"):
+    if classifier and gaps and not (data_state or {}).get("dataset"):
         print(
             f"note: make predict and make export need the data module's state_dict() to return {', '.join(gaps)} "
             '(docs/data.md "Predict and export").',
@@ -312,8 +352,9 @@ def build_cli(
         # another task).
         L.LightningModule,
         # Any LightningDataModule by class_path (configs/default.yaml names ImageClassificationDataModule; README
-        # "Any Dataset": project.data.DatasetDataModule).
-        L.LightningDataModule,
+        # "Any Dataset": project.data.DatasetDataModule). None: LightningCLI's optional `data`, so that `--data null`
+        # runs a module that brings its own loaders (lightning.pytorch.demos' BoringModel).
+        None,
         subclass_mode_model=True,
         subclass_mode_data=True,
         parser_class=ProjectParser,

@@ -56,10 +56,8 @@ def exit_on_user_error() -> Iterator[None]:
             where = user_code_frame(err)
             if where is None:  # a bug of the template or a library: its traceback, as Python prints it
                 raise
-            import traceback
-
             print(f"\nerror: raised in your code, {where}; its traceback:\n", file=sys.stderr, flush=True)
-            traceback.print_exc()
+            sys.excepthook(*sys.exc_info())  # a DDP rank's own hook names the rank
             sys.exit(1)
         print(f"\nerror: {paragraph}\n", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -65,18 +65,26 @@ def given_keys(args: list[str] | dict, config_files: list[str] = ()) -> set[str]
     """The dotted keys a command sets: its `--key value` flags and the keys of its YAML files (`--config`)."""
     import yaml
 
-    keys, documents = set(), [yaml.safe_load(open(f, encoding="utf-8")) for f in config_files]
+    keys, documents = set(), [yaml.safe_load(_read(f)) for f in config_files]
     if isinstance(args, dict):
         documents.append(args)
     else:
         for i, arg in enumerate(args):
-            if arg in ("--config", "-c") and i + 1 < len(args):
-                documents.append(yaml.safe_load(open(args[i + 1], encoding="utf-8")))
+            if arg in ("--config", "-c") and i + 1 < len(args):  # a file, or the YAML itself
+                value = str(args[i + 1])
+                documents.append(yaml.safe_load(_read(value) if "\n" not in value else value))
             elif arg.startswith("--"):
                 keys.add(arg[2:].split("=", 1)[0])
     for document in documents:
         keys |= _flat_keys(document) if isinstance(document, dict) else set()
     return keys
+
+
+def _read(path: str) -> str:
+    try:
+        return open(path, encoding="utf-8").read()
+    except OSError:  # the parser says what is wrong with it
+        return ""
 
 
 def _flat_keys(node: dict, prefix: str = "") -> set[str]:

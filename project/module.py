@@ -32,7 +32,7 @@ class ClassificationModule(L.LightningModule):
         optimizer: any torch optimizer, called with the parameter groups. Its `lr` is the peak learning rate, its
             `weight_decay` applies to `decay` only; Adam/AdamW run fused where they can, unless `fused: false`.
         scheduler: the learning-rate schedule, stepped every optimizer step (ReduceLROnPlateau: every epoch, on
-            `val/loss`); null keeps the lr constant. Default: project.schedule.WarmupCosine.
+            the checkpoint's monitor, `--monitor`: val/loss); null keeps the lr constant. Default: project.schedule.WarmupCosine.
         label_smoothing: CrossEntropy label smoothing.
         lr_scaling: `none` keeps every group's lr; `linear` multiplies it by the world size (devices x nodes).
         compile: compile the model in place (`nn.Module.compile()`); checkpoints keep plain `model.*` keys.
@@ -117,7 +117,7 @@ class ClassificationModule(L.LightningModule):
         return loss
 
     def _add_to_train_sums(self, loss: Tensor, logits: Tensor, y: Tensor) -> None:
-        """One step's loss and correct predictions, added on the device (`make bench` times this method)."""
+        """One step's loss and correct predictions, added on the device."""
         train = self._train
         # detached: no graph for the sums (argmax has no gradient); no `torch.no_grad()`, a context per step
         sums = torch.stack((loss.detach(), (logits.argmax(dim=1) == y).sum().to(loss.dtype)))
@@ -205,7 +205,8 @@ class ClassificationModule(L.LightningModule):
         scheduler = self.scheduler(optimizer)
         config = {"scheduler": scheduler, "interval": "step"}
         if isinstance(scheduler, ReduceLROnPlateau):  # it needs a metric: the checkpoint-selection one
-            config.update(interval="epoch", monitor="val/loss")
+            monitor = getattr(getattr(trainer, "checkpoint_callback", None), "monitor", None)
+            config.update(interval="epoch", monitor=monitor or "val/loss")
         return {"optimizer": optimizer, "lr_scheduler": config}
 
     def lr_scale(self, world_size: int) -> int:

@@ -261,6 +261,7 @@ def test_timed_saves_compare_the_clock_every_ten_steps_under_ddp():
         trainer = SimpleNamespace(
             world_size=world_size,
             num_training_batches=100,
+            enable_validation=True,  # on_train_start checks that validation logs the monitor
             global_step=0,
             strategy=SimpleNamespace(broadcast=lambda obj: seen.append(trainer.global_step) or obj),
         )

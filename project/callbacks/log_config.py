@@ -8,6 +8,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import SaveConfigCallback
 
+from project.callbacks.run_checkpoint import staged
 from project.callbacks.run_summary import selecting_checkpoint
 
 # Keys whose values must never reach config.yaml or a logger (e.g. NeptuneLogger's or CometLogger's api_key).
@@ -38,14 +39,14 @@ class LogConfig(SaveConfigCallback):
     """LightningCLI's config saver (passed as `save_config_callback`), made safe and visible in the loggers.
 
     At setup, every logger gets config.yaml (as the parent class just wrote it, read back: dumping the config a
-    second time for the loggers would add to every start: docs/performance-history.md) and the parameter counts.
+    second time for the loggers would add ~0.1 s to every start) and the parameter counts.
 
     After fit and after test, the run's key hyperparameters (`key_hyperparameters`: model class, lr, batch size,
     max_epochs, seed, precision, devices, nodes, and every config key that differs from the defaults, i.e.
     configs/default.yaml, under its dotted name) go to TensorBoard's HPARAMS tab with the run's final metrics:
     `best/<monitor>` (the selected checkpoint's monitored value, summary.json's `best_score`), `best/val_acc` (its
-    val/acc, summary.json's `best_val_acc`) and every `test/*` metric. The same key set goes to W&B's config, the
-    `best/*` values to the W&B run's summary. The test metrics themselves are logged at the last training step,
+    val/acc, summary.json's `best_val_acc`) and every `test/*` (or `test_*`) metric. The same key set goes to W&B's
+    config, the `best/*` values to the W&B run's summary. The test metrics themselves are logged at the last training step,
     without the `epoch` that Lightning otherwise adds (the epoch series would jump to max_epochs after training).
 
     The HPARAMS record is written with torch's `hparams` summaries, as Lightning's
@@ -54,6 +55,8 @@ class LogConfig(SaveConfigCallback):
     a metric's value from its scalar series, and only the first record of a run counts: it is written once, after
     test (or after fit when no test follows). A resumed run keeps the first session's record.
     """
+
+    test_follows_fit = False  # set by the CLI when trainer.test runs right after this fit (as RunReport's)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not self.already_saved:
@@ -82,7 +85,7 @@ class LogConfig(SaveConfigCallback):
                 _log_best(logger, self._best, trainer.global_step)
         # One record per run: TensorBoard keeps the first it reads of a run (it is the series' metadata), so when
         # the CLI tests next (the condition of ProjectCLI.after_fit), the record waits for the test metrics.
-        if not (self.config.get("test_after_fit") and not trainer.interrupted):
+        if not (self.test_follows_fit and not trainer.interrupted):
             self._log_key_hyperparameters(trainer, pl_module, self._best)
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
@@ -91,7 +94,7 @@ class LogConfig(SaveConfigCallback):
         pl_module.log("step", float(trainer.global_step), sync_dist=True, reduce_fx="max")
 
     def on_test_end(self, trainer, pl_module) -> None:
-        tested = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+        tested = {k: float(v) for k, v in trainer.callback_metrics.items() if staged(k, "test")}
         self._log_key_hyperparameters(trainer, pl_module, {**getattr(self, "_best", {}), **tested})
 
     def _log_key_hyperparameters(self, trainer, pl_module, metrics: dict) -> None:

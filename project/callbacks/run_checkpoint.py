@@ -12,6 +12,8 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
+from project.errors import ConfigError
+
 
 class RunCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint for best-*.ckpt (its selection by `monitor` and `mode`, unchanged); last.ckpt
@@ -24,14 +26,19 @@ class RunCheckpoint(ModelCheckpoint):
     - With `save_top_k: 1` Lightning 2.6 writes `last` at an epoch end only when that epoch wrote a new best file:
       last.ckpt fell epochs behind (seen: epochs 5 and 10 of `make train`). Here every epoch end writes it.
     - A step or time save in an epoch's last batch resumes badly: Lightning 2.6 runs that epoch again (found by
-      scripts/kill_resume.py: 24 steps instead of 18). Such saves skip that batch (`resumable_after`); the epoch-end
+      tests/tools/kill_resume.py: 24 steps instead of 18). Such saves skip that batch (`resumable_after`); the epoch-end
       save follows a moment later.
     - Under DDP its time trigger broadcasts rank 0's "is it time?" at every step, a collective (and a host sync
       with NCCL) per step for a save every half hour. Here the ranks compare the clock every
       `time_check_every_n_steps` steps (all ranks count the same steps); one process checks every step.
     - It keeps only the monitored value of each top-k file; summary.json's `best_val_acc` is another metric of the
-      selected epoch. `best_model_metrics` holds every `val/*` value of the epoch whose file is `best_model_path`,
-      kept in this callback's state so a resumed run still knows them.
+      selected epoch. `best_model_metrics` holds every `val/*` (or `val_*`, kept as `val/*`) value of the epoch whose
+      file is `best_model_path`, kept in this callback's state so a resumed run still knows them.
+    - It finds a monitored key missing only after a training epoch, and then fails. Here the first validation that
+      logs anything (the sanity check's, or epoch 0's for a module that logs nothing in the sanity check, as
+      ClassificationModule) decides: a module that logs other keys but not `monitor` stops with one paragraph
+      naming them (`--monitor <key>`); a run without validation, or whose validation logs nothing, keeps
+      last.ckpt only (`monitor` becomes None) and says so once. A `train*` monitor is not checked.
 
     In an epoch that wrote a new best file, last.ckpt becomes a hard link to it (made under a temporary name and
     renamed over last.ckpt: atomic) instead of a second serialization and fsync of the same state: a full, regular
@@ -84,6 +91,10 @@ class RunCheckpoint(ModelCheckpoint):
         self._selecting: L.Trainer | None = None  # set while ModelCheckpoint may write a top-k file
         self._clock = time.monotonic()
         self._last_step_saved = 0  # global step of the last last.ckpt; 0: nothing trained, nothing to save
+        # Whether validation logs `monitor` is yet to be seen (a train* monitor is not checked: training logs it).
+        self._unchecked = bool(monitor) and staged(monitor, "train") is None
+        self._before_validation: set[str] = set()  # the keys logged before the validation that checks it
+        _ = self.state_key  # by the configured monitor, also once it is dropped: a resume finds this state
 
     @cached_property
     def state_key(self) -> str:
@@ -109,6 +120,36 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
         super().on_train_start(trainer, pl_module)
         self._clock = time.monotonic()
+        if self._unchecked and not trainer.enable_validation:
+            self._select_nothing(trainer, "it has no validation (no validation_step or val batches)")
+
+    def on_validation_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        if self._unchecked:
+            self._before_validation = set(trainer.callback_metrics)  # LearningRateMonitor's, train_* per step
+
+    def _check_monitor(self, trainer: "L.Trainer") -> None:
+        """After a validation, before the checkpoint is selected: does the module log `monitor`?"""
+        logged = sorted(set(trainer.callback_metrics) - self._before_validation)
+        if self.monitor in trainer.callback_metrics:
+            self._unchecked = False
+        elif logged:
+            guess = next((k for k in logged if "loss" in k), logged[0])
+            raise ConfigError(
+                f"The module logs {', '.join(logged)} in validation, but not `{self.monitor}`, which best-*.ckpt is "
+                f"selected by (monitor of the config's RunCheckpoint). Select by a key it logs: --monitor {guess} "
+                "(with --mode max where higher is better)."
+            )
+        # A sanity check that logs nothing proves nothing: ClassificationModule logs from epoch 0's validation on.
+        elif not trainer.sanity_checking:
+            self._select_nothing(trainer, f"its validation logs nothing (no `{self.monitor}`)")
+
+    def _select_nothing(self, trainer: "L.Trainer", why: str) -> None:
+        self.monitor, self.save_top_k, self._unchecked = None, 0, False
+        if trainer.is_global_zero:
+            print(
+                f"No best-*.ckpt in this run: {why} to select one by; last.ckpt is written as usual.",
+                flush=True,
+            )
 
     def on_train_batch_end(
         self, trainer: "L.Trainer", pl_module: "L.LightningModule", outputs, batch, batch_idx: int
@@ -133,6 +174,8 @@ class RunCheckpoint(ModelCheckpoint):
         return bool(up)
 
     def on_validation_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+        if self._unchecked and trainer.state.fn == "fit":  # not `validate`: it selects no checkpoint
+            self._check_monitor(trainer)
         # ModelCheckpoint selects here when validation does not run once at the epoch end (val_check_interval < 1,
         # check_val_every_n_epoch > 1); last.ckpt follows a new best file.
         if best := self._select(super().on_validation_end, trainer, pl_module):
@@ -195,13 +238,26 @@ class RunCheckpoint(ModelCheckpoint):
             # the newest key): its epoch's metrics are recorded now, so that the file's own state holds them too.
             newest = next(reversed(self.best_k_models))
             self.best_k_metrics = {p: m for p, m in self.best_k_metrics.items() if p in self.best_k_models}
-            self.best_k_metrics[newest] = {
-                k: float(v)
-                for k, v in self._selecting.callback_metrics.items()
-                if k.startswith("val/") and isinstance(v, Tensor) and v.numel() == 1
-            }
+            self.best_k_metrics[newest] = stage_metrics(self._selecting.callback_metrics, "val")
         return {**super().state_dict(), "best_k_metrics": dict(self.best_k_metrics)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self.best_k_metrics = dict(state_dict.get("best_k_metrics", {}))
+
+
+def staged(key: str, stage: str) -> str | None:
+    """`stage/name` for a key logged as `stage/name` or `stage_name` (Lightning's usual val_loss), else None."""
+    for prefix in (f"{stage}/", f"{stage}_"):
+        if key.startswith(prefix) and len(key) > len(prefix):
+            return f"{stage}/{key[len(prefix) :]}"
+    return None
+
+
+def stage_metrics(metrics: dict, stage: str) -> dict[str, float]:
+    """The scalar metrics of one stage (`val`, `test`), under their `stage/name` keys (`staged`)."""
+    return {
+        staged(k, stage): float(v)
+        for k, v in metrics.items()
+        if staged(k, stage) and isinstance(v, Tensor) and v.numel() == 1
+    }

@@ -8,6 +8,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from project.atomic import write_text_atomic
+from project.callbacks.run_checkpoint import stage_metrics, staged
 from project.rng import run_seed
 
 
@@ -16,7 +17,8 @@ class RunSummary(Callback):
 
     Keys: best_val_acc and test_acc (fractions 0-1), best_checkpoint, last_checkpoint, monitor and best_score,
     epochs, global_step, seed (`seed_everything`'s value, see project.rng.run_seed), train_seconds (wall time of
-    trainer.fit, validation included), plus every test/* metric. The selection rule is the checkpoint callback's:
+    trainer.fit, validation included), plus every test metric (`test/acc` or `test_acc`: test_acc). The selection
+    rule is the checkpoint callback's:
     `monitor` is its metric (configs/default.yaml: `val/loss`), `best_score` that metric's value at the selected
     checkpoint, and `best_val_acc` the `val/acc` of that same checkpoint (not the highest `val/acc` of the run).
     Without a monitored checkpoint callback the final weights are the ones tested: best_val_acc is then the last
@@ -37,8 +39,8 @@ class RunSummary(Callback):
         ckpt = selecting_checkpoint(trainer)
         score = ckpt.best_model_score if ckpt is not None else None
         if ckpt is None:
-            best_val_acc = _metric(trainer, "val/acc")
-        elif ckpt.monitor == "val/acc":
+            best_val_acc = stage_metrics(trainer.callback_metrics, "val").get("val/acc")
+        elif staged(ckpt.monitor, "val") == "val/acc":
             best_val_acc = float(score) if score is not None else None
         else:  # RunCheckpoint remembers the selected epoch's val/* metrics; a plain ModelCheckpoint does not
             best_val_acc = getattr(ckpt, "best_model_metrics", {}).get("val/acc")
@@ -56,12 +58,8 @@ class RunSummary(Callback):
         self._write(trainer)
 
     def on_test_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
-        tested = {
-            k.replace("/", "_"): float(v)
-            for k, v in trainer.callback_metrics.items()
-            if k.startswith("test/")
-        }
-        self.summary.update(tested)
+        tested = stage_metrics(trainer.callback_metrics, "test")
+        self.summary.update({k.replace("/", "_"): v for k, v in tested.items()})
         self._write(trainer)
 
     def _write(self, trainer: "L.Trainer") -> None:
@@ -86,8 +84,3 @@ def last_checkpoint(trainer: "L.Trainer") -> str:
         ),
         "",
     )
-
-
-def _metric(trainer: "L.Trainer", key: str) -> float | None:
-    value = trainer.callback_metrics.get(key)
-    return float(value) if value is not None else None

@@ -93,7 +93,7 @@ def check_keys(configs: list[str], space: SweepSpace, flags: dict, where: str) -
         text = "; ".join(problems.values())
         raise ConfigError(
             f"{where}: {text}{' ' if text.endswith(('?', '.')) else '. '}Every key and its type: python -m project "
-            "fit --help-all (the same dotted keys as on the command line). Nothing was run."
+            "fit --help (the same dotted keys as on the command line). Nothing was run."
         )
     return {**probes(space)[0], **base_values(space, configs)}, tree or {}
 

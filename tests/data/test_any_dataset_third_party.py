@@ -4,6 +4,8 @@ transforms, one that yields PIL images, a dataset built by a function, and Tenso
 Each run is in-process (run_cli), 1 epoch of a few small batches, from a config the test writes.
 """
 
+import sys
+
 import pytest
 import yaml
 
@@ -108,6 +110,7 @@ LINEAR += [
 def my_data(in_tmp, monkeypatch):
     (in_tmp / "my_data.py").write_text(MY_DATA)
     monkeypatch.syspath_prepend(str(in_tmp))
+    monkeypatch.delitem(sys.modules, "my_data", raising=False)  # another test's my_data.py, imported before
 
 
 @pytest.mark.claim("any-dataset-factory")
