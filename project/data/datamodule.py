@@ -15,11 +15,9 @@ from torch.utils.data import DataLoader
 from project.data import digits, folder_index, image_folder, torchvision_datasets
 from project.data.augment import Recipe, recipe_for
 from project.data.base import ImageData
-from project.data.decode import load_image_at
 from project.data.loaders import TensorImages, batched, eval_loader, loader_args, train_loader
-from project.data.normalize import resize
+from project.data.normalize import STATS_LIMIT, resize, tensor_stats, train_stats
 from project.data.splits import carve
-from project.data.stats import STATS_LIMIT, tensor_stats, train_stats
 from project.data.validate import check_labels, fail_unreadable
 from project.errors import ConfigError
 
@@ -110,7 +108,9 @@ class ImageClassificationDataModule(ImageData):
         hp = self.hparams
         given = {name for name in ("val", "test") if os.path.isdir(os.path.join(hp.root, name))}
         fractions = self.fractions(given)
-        pixels = functools.partial(load_image_at, size=self.size)  # a file as every path serves it
+        pixels = functools.partial(
+            image_folder.load_image_at, size=self.size
+        )  # a file as every path serves it
 
         def carved(train_files: list[tuple[str, int]]) -> dict[str, list[int]]:
             return carve([y for _, y in train_files], len(train_files), fractions, hp.split_seed)

@@ -1,7 +1,11 @@
 """The preprocessing of every path, evaluation, predict and export, so they cannot drift apart: `resize` once
-per image, in the pixels' own type (uint8 travels as a quarter of float32), then `normalize` on the device.
-Torch only: predict imports this without torchvision.
+per image, in the pixels' own type (uint8 travels as a quarter of float32), then `normalize` on the device with
+the statistics of `train_stats`: the training split only, at the training size, from at most STATS_LIMIT samples
+evenly spaced in the split's order. Torch only: predict imports this without torchvision.
 """
+
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +32,31 @@ def normalize(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     if x.dtype == torch.uint8:  # as torchvision's ToDtype(float32, scale=True), then its Normalize
         return x.to(torch.float32).mul_(1.0 / 255).sub_(mean).div_(std)
     return x.to(torch.float32).sub(mean).div_(std)  # never writes into the caller's tensor
+
+
+# Enough samples for the statistics to settle, few enough that a large ImageFolder is decoded for them in
+# seconds (once: the folder index keeps the result).
+STATS_LIMIT = 4096
+
+
+def train_stats(pixels: Callable[[int], Tensor], train: Sequence[int]) -> tuple[list[float], list[float]]:
+    """Per-channel (mean, std) on the [0, 1] scale of pixels(i) for i in `train`, summed in float64 one sample at a
+    time; the std clamped away from 0 so that a constant channel cannot divide by zero."""
+    total = total_sq = count = 0
+    for pos in range(0, len(train), max(1, math.ceil(len(train) / STATS_LIMIT))):
+        x = pixels(train[pos])
+        flat = (x.to(torch.float64) / 255.0 if x.dtype == torch.uint8 else x.to(torch.float64)).flatten(1)
+        total, total_sq, count = total + flat.sum(1), total_sq + (flat * flat).sum(1), count + flat.shape[1]
+    if count == 0:
+        raise ValueError("no training samples to compute normalisation statistics from")
+    mean = total / count
+    var = (total_sq - count * mean * mean) / max(1, count - 1)
+    return mean.tolist(), var.clamp_min(0).sqrt().clamp_min(1e-6).tolist()
+
+
+def tensor_stats(images: Tensor) -> tuple[list[float], list[float]]:
+    """`train_stats` of a split held as one (N, C, H, W) tensor."""
+    return train_stats(images.__getitem__, range(len(images)))
 
 
 class Normalize(nn.Module):

@@ -158,7 +158,7 @@ def test_data_module_picks_the_in_memory_path_for_digits_and_can_be_forced_off()
     val = torch.cat([dm.on_after_batch_transfer(b, 0)[0] for b in dm.val_dataloader()])
     # Normalised with the training split's statistics: the same two float32 ops (subtract, divide) on the raw
     # val images give the same values up to one rounding each (|z| < 2, so 4 float32 epsilons).
-    from project.data.stats import tensor_stats
+    from project.data.normalize import tensor_stats
 
     assert (dm.mean, dm.std) == tensor_stats(dm.tensors["train"][0])
     eps = torch.finfo(torch.float32).eps
