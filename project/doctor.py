@@ -95,7 +95,7 @@ def doctor(args: list[str]) -> int:
     from jsonargparse import ArgumentError
     from packaging.version import Version
 
-    from project.data.workers import default_num_workers
+    from project.data.loaders import default_num_workers
     from project.errors import ConfigError
     from project.run_dir import check_writable
 

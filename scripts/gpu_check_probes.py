@@ -69,6 +69,9 @@ class Probe(L.Callback):
                 "batch_device": str(x.device),
                 "batch_on_training_device": x.device == pl_module.device,
                 "train_loader": type(trainer.train_dataloader).__qualname__,
+                # the in-memory path: the training split is one tensor on the training device
+                "train_data_on_device": getattr(trainer.train_dataloader.dataset, "labels", x).device
+                == x.device,
                 "precision": trainer.precision,
                 "strategy": type(trainer.strategy).__name__,
                 "process_group_backend": dist.get_backend()

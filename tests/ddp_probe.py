@@ -53,8 +53,7 @@ class SampleProbe(Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loader = trainer.train_dataloader
-        # The DataLoader path's RankShard (kept by Lightning, not wrapped) or the in-memory loader's EpochSampler,
-        # both already set_epoch()-ed for this epoch.
+        # The training loader's EpochShard (kept by Lightning, not wrapped), already set_epoch()-ed for this epoch.
         sampler = loader.sampler
         consumed = len(loader) * loader.batch_size  # drop_last: the tail of the shard is never read
         self.record["train_epochs"].append(

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from project.data.dataset_module import DatasetDataModule
-from project.data.rank_shard import RankShard
+from project.data.loaders import EpochShard
 from project.data.sequences import DigitPixelSequences, pad_collate
 from project.errors import ConfigError
 from tests.conftest import (
@@ -153,7 +153,7 @@ def test_splits_collate_and_rank_shards():
     # Lightning (a DistributedSampler is not replaced), and able to skip into the epoch on resume.
     loaders = [m.train_dataloader() for m in modules]
     assert all(
-        isinstance(lo.sampler, RankShard) and isinstance(lo.sampler, DistributedSampler) for lo in loaders
+        isinstance(lo.sampler, EpochShard) and isinstance(lo.sampler, DistributedSampler) for lo in loaders
     )
     epochs = []
     for epoch in (0, 1):
@@ -251,7 +251,7 @@ def test_mid_epoch_resume_is_bit_identical(in_tmp):
     assert run_cli("fit", *RESUME_FLAGS, "--run_dir", "runs/t", add("SignalAtStep", step=7)) == 143
     state = weights("runs/t")
     (loader_state,) = state["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert state["global_step"] == 8 and (loader_state["epoch"], loader_state["batches"]) == (2, 2)
+    assert state["global_step"] == 8 and (loader_state["epoch"], loader_state["position"]) == (2, 2)
     assert run_cli("fit", *RESUME_FLAGS, "--ckpt_path", "runs/t/checkpoints/last.ckpt") == 0
     a, b = weights("runs/ref"), weights("runs/t")
     assert a["global_step"] == b["global_step"] == 12
@@ -286,7 +286,7 @@ def test_two_processes_shard_the_dataset(tmp_path):
     assert r0["world_size"] == r1["world_size"] == 2
     for e in (0, 1):  # 1,291 training sequences: 645 per rank, 20 batches of 32 read (drop_last)
         a, b = r0["train_epochs"][e], r1["train_epochs"][e]
-        assert a["sampler"] == b["sampler"] == "RankShard"  # Lightning kept it: no padding wrapper
+        assert a["sampler"] == b["sampler"] == "EpochShard"  # Lightning kept it: no padding wrapper
         assert len(a["indices"]) == len(b["indices"]) == 640 and not set(a["indices"]) & set(b["indices"])
     assert r0["train_epochs"][0]["indices"] != r0["train_epochs"][1]["indices"]
     for stage, size in (("val", 145), ("test", 361)):

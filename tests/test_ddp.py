@@ -5,8 +5,8 @@ Three launches in all, each asserting several facts, because every process spend
      one run directory, rank-0-only files, sharding and per-epoch reshuffling, every val/test sample counted
      exactly once, lr x 2 on both ranks, cores split between the processes, configs/ddp.yaml's collective
      timeout in the process group.
-  2. two `scripts/torchrun.sh` "nodes" on this machine, DataLoader path (each rank's RankShard, which Lightning
-     keeps): they train together on disjoint reshuffled shards, each rank its slice of the (seed, epoch)
+  2. two `scripts/torchrun.sh` "nodes" on this machine, tensors on the host (each rank's EpochShard, which
+     Lightning keeps): they train together on disjoint reshuffled shards, each rank its slice of the (seed, epoch)
      permutation, and their final weights equal bit for bit those of one process that accumulates the ranks'
      batches (tests/ddp_replay.py says why that is exact).
   3. one rank raises midway: every process exits non-zero, quickly, and none is left behind.
@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from project.data.rank_shard import RankShard
+from project.data.loaders import EpochShard
 from tests.conftest import CONFIGS, QUIET, REPO
 from tests.ddp_processes import (
     TEST_DEADLINE_S,
@@ -177,7 +177,7 @@ def test_make_train_ddp_two_cpu_processes(tmp_path):
     # configs/ddp.yaml's collective timeout is the process group's, not torch's 30-minute default.
     assert r0["pg_timeout_s"] == r1["pg_timeout_s"] == ddp_yaml_timeout_s()
     # Sharding: disjoint rank sets, reshuffled each epoch; digits default to the in-memory loader.
-    assert_disjoint_reshuffled_shards(r0, r1, epochs, sampler="EpochSampler", train_size=TRAIN_ODD_SPLITS)
+    assert_disjoint_reshuffled_shards(r0, r1, epochs, sampler="EpochShard", train_size=TRAIN_ODD_SPLITS)
     # Every val and test sample counted exactly once across the ranks, though 145 and 361 do not split evenly.
     for stage, size in (("val", 145), ("test", 361)):
         a, b = r0[stage][-1], r1[stage][-1]
@@ -235,7 +235,7 @@ def test_two_torchrun_nodes_train_together_and_match_one_process_bit_for_bit(tmp
         epochs,
         "--data.init_args.batch_size",
         "32",
-        # The DataLoader path: each rank's RankShard, which Lightning keeps (no DistributedSamplerWrapper)
+        # Tensors on the host: each rank's EpochShard, which Lightning keeps (no DistributedSamplerWrapper)
         "--data.init_args.in_memory",
         "false",
         "--model.init_args.model",
@@ -286,14 +286,15 @@ def test_two_torchrun_nodes_train_together_and_match_one_process_bit_for_bit(tmp
 
     r0, r1 = ranks(tmp_path / "probe")
     assert r0["run_dir"] == r1["run_dir"] == str(run_dir)  # each node's rank took the one given
-    assert_disjoint_reshuffled_shards(r0, r1, epochs, sampler="RankShard", train_size=TRAIN_DEFAULT_SPLIT)
-    # RankShard's order: rank r trains on the r-th contiguous half of the permutation seeded by (seed, epoch),
+    assert_disjoint_reshuffled_shards(r0, r1, epochs, sampler="EpochShard", train_size=TRAIN_DEFAULT_SPLIT)
+    # EpochShard's order: rank r trains on the r-th contiguous half of the permutation seeded by (seed, epoch),
     # recomputed here from the run's seed alone, in the order the rank read it (its batches, first to last).
     seed = yaml.safe_load((run_dir / "config.yaml").read_text())["seed_everything"]
     for r, record in enumerate((r0, r1)):
         for e, epoch in enumerate(record["train_epochs"]):
-            expected = RankShard(TRAIN_DEFAULT_SPLIT, seed, r, 2).indices(e)[:PER_RANK].tolist()
-            assert epoch["indices"] == expected, (r, e)
+            shard = EpochShard(TRAIN_DEFAULT_SPLIT, seed, r, 2)
+            shard.set_epoch(e)
+            assert epoch["indices"] == list(shard)[:PER_RANK], (r, e)
     lr = configured_lr()
     assert r0["initial_lrs"] == r1["initial_lrs"] == [lr, lr]  # lr_scaling none: the lr as configured
     # OMP_NUM_THREADS=1 is kept (one process per node would otherwise get every core).

@@ -51,7 +51,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert "pip install" not in run.output or "--no-index" in run.output
 
     fit = json.loads((out / "fit_probe.json").read_text())
-    assert fit["precision"] == "32-true" and fit["train_loader"] == "InMemoryLoader", fit
+    assert fit["precision"] == "32-true" and fit["train_data_on_device"] is True, fit
     assert fit["batch_on_training_device"] is True, fit
     sync = json.loads((out / "sync_debug.json").read_text())
     assert sync["window"]["steps"] > 0 and sync["syncs"] == [], sync

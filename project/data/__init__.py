@@ -1,13 +1,5 @@
-"""Data: three LightningDataModules, each named by `data.class_path` in the config.
-
-- ImageClassificationDataModule (project/data/datamodule.py): the embedded digits, an ImageFolder, torchvision's
-  CIFAR10 / MNIST / FashionMNIST files.
-- DatasetDataModule (project/data/dataset_module.py): any map-style Dataset and its collate_fn.
-- StreamingDataModule (project/data/streaming.py): litdata chunks written by `python -m project prepare`.
-
-They are imported on first use (PEP 562), so predict and export can use project/data/normalize.py without
-importing Lightning.
-"""
+"""The data modules (datamodule.py: images; dataset_module.py: any Dataset; streaming.py: prepared chunks),
+imported on first use (PEP 562): predict and export use normalize.py without importing Lightning."""
 
 import importlib
 

@@ -1,13 +1,6 @@
-"""Training augmentation: one implementation per recipe, run on whole batches on the device, for every data path.
-
-Every image path (tensors in memory, tensors or files through a DataLoader, prepared chunks) hands its batches to
-the data module as pixels at the training size; `augment_training_batch` then augments the whole batch at once on
-the training device, before normalisation. A batch's random parameters come from a generator seeded by (run
-seed, epoch, batch index in the epoch, rank) only: the same batch gets the same augmentation on every path and
-after a resume.
-
-The recipe is named in the config (`data.init_args.augment`); unset, the source's recipe below.
-"""
+"""Training augmentation, one implementation per recipe, on whole batches on the training device for every
+path. A batch's draws come from (run seed, epoch, batch index, rank) only: the same batch gets the same
+augmentation on every path and after a resume."""
 
 from typing import Literal, get_args
 
@@ -35,17 +28,11 @@ AUGMENT_STREAM = 2  # mix_seed(seed, epoch, batch, rank, 2): a training batch's 
 
 
 def recipe_for(augment: str | None, source: str) -> str:
-    """The recipe a data module applies: the configured one, or the source's (SOURCE_RECIPE) when unset."""
-    if augment is None:
-        return SOURCE_RECIPE.get(source, "none")
-    if augment not in RECIPES:
-        raise ValueError(f"augment '{augment}': expected one of {', '.join(RECIPES)}, or unset.")
-    return augment
+    return SOURCE_RECIPE.get(source, "none") if augment is None else augment
 
 
 def augment_training_batch(x: Tensor, recipe: str, seed: int, epoch: int, batch: int, rank: int) -> Tensor:
-    """A training batch of pixels (uint8, or float in [0, 1]) -> augmented float32 in [0, 1] (or x unchanged
-    for recipe "none"), with random parameters drawn from (seed, epoch, batch, rank) only."""
+    """Pixels (uint8, or float in [0, 1]) -> augmented float32 in [0, 1] (x itself for recipe "none")."""
     if recipe == "none":
         return x
     g = torch.Generator(device=x.device).manual_seed(mix_seed(seed, epoch, batch, rank, AUGMENT_STREAM))
@@ -54,17 +41,15 @@ def augment_training_batch(x: Tensor, recipe: str, seed: int, epoch: int, batch:
 
 
 def augment_batch(x: Tensor, recipe: str, generator: torch.Generator) -> Tensor:
-    """Augment a whole (B, C, H, W) float batch in [0, 1] in one or two tensor ops.
+    """Augment a whole (B, C, H, W) float batch in [0, 1], each sample with its own draws.
 
-    affine: a random affine per sample (rotation +-10 deg, scale 0.9-1.1, shift +-10% of the size, continuous,
-    sampled bilinearly), zero fill, no flips (a flipped 2 is not a 2).
-    crop_flip: a random crop from a reflect-padded image (pad = size/8) and a horizontal flip for half the batch
-    (torchvision's RandomCrop(padding=size/8, reflect) + RandomHorizontalFlip, per sample).
-    resized_crop: a random crop of CROP_SCALE of the image's area with aspect ratio in CROP_RATIO (log-uniform),
-    scaled back to the full size (bilinear), and a horizontal flip for half the batch: torchvision's
-    RandomResizedCrop + RandomHorizontalFlip, with the crop taken from the image at the training size (the only
-    size every path has: prepared chunks store that) and a crop that does not fit clipped to the image's side
-    instead of drawn again.
+    affine: rotation +-10 deg, scale 0.9-1.1, shift +-10% of the size, sampled bilinearly, zero fill, no flips.
+    crop_flip: a crop of a reflect-padded image (pad = size/8) and a horizontal flip for half the batch
+    (torchvision's RandomCrop(padding=size/8, reflect) + RandomHorizontalFlip).
+    resized_crop: a crop of CROP_SCALE of the area, aspect ratio in CROP_RATIO (log-uniform), scaled back
+    bilinearly, and a horizontal flip for half the batch: torchvision's RandomResizedCrop + RandomHorizontalFlip,
+    cropped from the image at the training size (the only size every path has: prepared chunks store that), a
+    crop that does not fit clipped to the image's side instead of drawn again.
     """
     if recipe == "none":
         return x
@@ -74,17 +59,17 @@ def augment_batch(x: Tensor, recipe: str, generator: torch.Generator) -> Tensor:
     def uniform(lo: float, hi: float) -> Tensor:
         return torch.rand(b, generator=generator, device=dev) * (hi - lo) + lo
 
+    # pixel centres in grid_sample's coordinates, [-1, 1] (align_corners=False)
+    ys = (torch.arange(h, device=dev, dtype=x.dtype) * 2 + 1) / h - 1
+    xs = (torch.arange(w, device=dev, dtype=x.dtype) * 2 + 1) / w - 1
     if recipe == "affine":
         angle, scale = uniform(-10.0, 10.0).deg2rad(), uniform(0.9, 1.1)
         tx, ty = uniform(-0.2, 0.2), uniform(-0.2, 0.2)  # normalised coords span 2: 0.2 = 10% of the size
-        cos, sin = (angle.cos() / scale)[:, None, None], (angle.sin() / scale)[:, None, None]  # (B, 1, 1)
-        # The sampling grid by broadcasting, not F.affine_grid: its batched matmul costs several times more on
-        # small batches such as the digits'. Pixel centres in [-1, 1] (align_corners=False).
-        ys = (torch.arange(h, device=dev, dtype=x.dtype) * 2 + 1) / h - 1
-        xs = (torch.arange(w, device=dev, dtype=x.dtype) * 2 + 1) / w - 1
+        cos, sin = (angle.cos() / scale)[:, None, None], (angle.sin() / scale)[:, None, None]
+        # The grid by broadcasting, not F.affine_grid: its batched matmul costs more on small batches.
         gx = cos * xs[None, None, :] - sin * ys[None, :, None] + tx[:, None, None]  # (B, H, W)
         gy = sin * xs[None, None, :] + cos * ys[None, :, None] + ty[:, None, None]
-        grid = torch.stack([gx, gy], dim=-1).to(x.dtype)  # (B, H, W, 2)
+        grid = torch.stack([gx, gy], dim=-1).to(x.dtype)
         return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     if recipe == "crop_flip":
         pad = max(1, min(h, w) // 8)
@@ -102,17 +87,11 @@ def augment_batch(x: Tensor, recipe: str, generator: torch.Generator) -> Tensor:
         )
     if recipe == "resized_crop":
         area = uniform(*CROP_SCALE)
-        ratio = uniform(*torch.tensor(CROP_RATIO).log().tolist()).exp()
-        # crop width and height as fractions of the image's (ratio is width / height in pixels)
-        cw = (area * ratio * h / w).sqrt().clamp(max=1.0)
+        ratio = uniform(*torch.tensor(CROP_RATIO).log().tolist()).exp()  # width / height, in pixels
+        cw = (area * ratio * h / w).sqrt().clamp(max=1.0)  # crop width and height, fractions of the image's
         ch = (area / ratio * w / h).sqrt().clamp(max=1.0)
-        cx, cy = (
-            uniform(-1.0, 1.0) * (1 - cw),
-            uniform(-1.0, 1.0) * (1 - ch),
-        )  # crop centre, normalised coords
+        cx, cy = uniform(-1.0, 1.0) * (1 - cw), uniform(-1.0, 1.0) * (1 - ch)  # crop centre
         sx = torch.where(torch.rand(b, generator=generator, device=dev) < 0.5, -cw, cw)  # negative: flipped
-        ys = (torch.arange(h, device=dev, dtype=x.dtype) * 2 + 1) / h - 1
-        xs = (torch.arange(w, device=dev, dtype=x.dtype) * 2 + 1) / w - 1
         gx = (sx[:, None] * xs[None, :] + cx[:, None])[:, None, :].expand(b, h, w)
         gy = (ch[:, None] * ys[None, :] + cy[:, None])[:, :, None].expand(b, h, w)
         grid = torch.stack([gx, gy], dim=-1).to(x.dtype)

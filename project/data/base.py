@@ -1,28 +1,28 @@
-"""What every data module of this project shares; the modules differ only in where their samples come from.
+"""What every data module shares; they differ only in where their samples come from.
 
-- `ClassificationData`: the class names (saved in every checkpoint and checked on resume), bad data failing in
-  `prepare_data` (before Lightning's loggers write the run directory: docs/data.md "Bad input"), and the world size.
-- `ImageData`: image batches arrive as pixels at the training size (uint8, or float in [0, 1]) from any path (a
-  tensor in memory, files or tensors through a DataLoader, prepared chunks) and are augmented (training only,
-  project/data/augment.py) and normalised (project/data/normalize.py) here, a whole batch at a time on the
-  training device, by the same two functions on every path; the statistics, input shape and class names go into
-  checkpoints for predict and export.
+Image batches arrive as pixels at the training size (uint8, or float in [0, 1]) from every path and are augmented
+(training only) and normalised here, a whole batch at a time on the training device, by the same two functions.
 """
 
 import lightning as L
 import torch
 from torch import Tensor
+from torch.utils.data import Dataset
 
 from project.data.augment import augment_training_batch
 from project.data.normalize import Normalize
+from project.data.validate import check_batch_size
 from project.errors import ConfigError
 from project.rng import run_seed
 
 
 class ClassificationData(L.LightningDataModule):
-    """A LightningDataModule with class names and setup-time checks."""
+    """A LightningDataModule with class names (saved in checkpoints, checked on resume) and setup-time checks."""
 
     class_names: list[str]
+    train_set: Dataset | None = None
+    val_set: Dataset | None = None
+    test_set: Dataset | None = None
 
     @property
     def num_classes(self) -> int:
@@ -34,6 +34,29 @@ class ClassificationData(L.LightningDataModule):
         # node; setup() keeps what it loaded, and the other processes load theirs in setup().
         fn = self.trainer.state.fn if self.trainer is not None else None
         self.setup(fn.value if fn is not None else None)
+
+    def load(self) -> None:
+        """Set train_set, val_set and test_set."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is None:
+            self.load()
+        hp, sets = self.hparams, {"train": self.train_set, "val": self.val_set, "test": self.test_set}
+        if empty := [name for name, dataset in sets.items() if len(dataset) == 0]:
+            counts = ", ".join(f"{k}={len(v)}" for k, v in sets.items())
+            raise ConfigError(
+                f"The {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty after carving "
+                f"({counts}; val_fraction={hp.val_fraction}, test_fraction={hp.test_fraction}). Add data, or "
+                "change --data.init_args.val_fraction / --data.init_args.test_fraction."
+            )
+        if stage in (None, "fit"):  # here, not only in train_dataloader(), which runs after the logs exist
+            check_batch_size(len(self.train_set), self.world_size(), hp.batch_size)
+
+    def fractions(self, given: set[str]) -> dict[str, float]:
+        """The splits to carve from the training data (splits.carve): those the data does not have."""
+        wanted = {"test": self.hparams.test_fraction, "val": self.hparams.val_fraction}
+        return {name: f for name, f in wanted.items() if name not in given}
 
     def world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
@@ -58,9 +81,9 @@ class ImageData(ClassificationData):
 
     labels_checked = True  # every label is checked to be in [0, num_classes) before training
     input_shape: tuple[int, int, int]  # (C, H, W) at the training size
-    mean: list[float] | None = None  # the training split's per-channel statistics (project/data/stats.py)
+    mean: list[float] | None = None  # the training split's per-channel statistics (stats.py)
     std: list[float] | None = None
-    recipe: str = "none"  # the training augmentation (project/data/augment.py)
+    recipe: str = "none"  # the training augmentation (augment.py)
     _normalize: Normalize | None = None
 
     @property
@@ -68,7 +91,6 @@ class ImageData(ClassificationData):
         return self.input_shape[0]
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int) -> tuple[Tensor, Tensor]:
-        """Pixels on the device -> augmented (training) and normalised float32 (x, y)."""
         x, y = (batch["image"], batch["label"]) if isinstance(batch, dict) else batch
         trainer = self.trainer
         if self.recipe != "none" and trainer is not None and trainer.training:
@@ -82,9 +104,8 @@ class ImageData(ClassificationData):
         return self._normalize(x), y.long()
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
-        # The in-memory loader builds batches on the training device already: skip Lightning's generic walk over
-        # the batch. Anything else is moved as usual. (Here, not in the LightningModule: Lightning warns when a
-        # module overrides it next to a data module.)
+        # The in-memory path's batches are on the training device already: skip Lightning's walk over the batch.
+        # (Here, not in the LightningModule: Lightning warns when a module overrides it next to a data module.)
         if isinstance(batch, (tuple, list)) and all(
             isinstance(t, torch.Tensor) and t.device == device for t in batch
         ):
@@ -92,7 +113,7 @@ class ImageData(ClassificationData):
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def state_dict(self) -> dict:
-        # Saved in every checkpoint so prediction and export know the classes and the preprocessing.
+        # What predict and export need to know: the classes and the preprocessing.
         return {
             "class_names": self.class_names,
             "mean": self.mean,

@@ -1,18 +1,30 @@
-"""ImageFolder data: root/train/<class>/*, with root/val and root/test optional (carved from train if absent).
+"""ImageFolder data: root/train/<class>/*, root/val and root/test optional (carved from train if absent).
 
-This file reads the layout (class names, image size); project/data/folder_index.py lists and checks the files
-once, and project/data/image_files.py serves them.
+The layout, the decoder and the files dataset; folder_index.py lists and checks the files once. Files are decoded
+by torchvision.io.decode_image (libjpeg-turbo, straight into a tensor), pixel for pixel what ImageFolder's PIL
+loader gives on JPEG and PNG, and faster.
 """
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import torch
 from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from project.data.normalize import resize
 from project.errors import ConfigError
 
 LAYOUT = "root/train/<class>/*.png|jpg (root/val/<class>/*, root/test/<class>/* optional)"
+
+
+def class_folders(folder: str | Path) -> list[str]:
+    """Sorted; hidden folders (.ipynb_checkpoints, ...) are not classes."""
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
 
 
 def describe(root: str) -> tuple[list[str], tuple[int, int]]:
@@ -22,7 +34,7 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
         raise ConfigError(f"data.root '{root}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
     if not train.is_dir():
         raise ConfigError(f"'{train}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
-    classes = sorted(d.name for d in train.iterdir() if d.is_dir() and not d.name.startswith("."))
+    classes = class_folders(train)
     if not classes:
         raise ConfigError(f"'{train}' has no class folders. Expected {LAYOUT}: one folder per class.")
     for cls in classes:
@@ -34,3 +46,39 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
                 except Exception:  # reported with every other unreadable file at setup (folder_index.py)
                     continue
     raise ConfigError(f"'{train}' has class folders {classes} but no images ({', '.join(IMG_EXTENSIONS)}).")
+
+
+def load_image(path: str | Path) -> Tensor:
+    """An image file as a (3, H, W) uint8 RGB tensor."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    try:
+        x = decode_image(str(path), mode=ImageReadMode.RGB)
+    except RuntimeError:  # a format torchvision does not decode (BMP, TIFF, ...): PIL, as ImageFolder
+        from torchvision.transforms.functional import pil_to_tensor
+
+        with Image.open(path) as im:
+            return pil_to_tensor(im.convert("RGB"))
+    if x.ndim == 4:  # an animated GIF: every frame; PIL's loader gives the first
+        x = x[0]
+    return x if x.dtype == torch.uint8 else (x.to(torch.int32) >> 8).to(torch.uint8)  # 16-bit PNG: 8 bits
+
+
+def load_image_at(path: str | Path, size: tuple[int, int] | None) -> Tensor:
+    """An image file as every path serves it: at the training size (normalize.resize)."""
+    return resize(load_image(path), size)
+
+
+class ImageFiles(Dataset):
+    """samples[i] = (path, label) -> (loader(path), label): ImageFolder without its scan (the index made it)."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], loader: Callable[[str], Any]) -> None:
+        self.samples, self.loader = list(samples), loader
+        self.targets = [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        path, label = self.samples[i]
+        return self.loader(path), label

@@ -1,34 +1,129 @@
-"""The DataLoaders of the map-style paths (the image module's DataLoader path, the any-Dataset module): one
-set of arguments, one training loader, one evaluation loader.
+"""The DataLoaders of every map-style path: image files, tensors on the host, tensors on the training device.
 
-Training: ResumableDataLoader (shuffled by (seed, epoch), drop_last, exact mid-epoch resume), sharded per rank
-under DDP into equal, disjoint slices of each epoch's order (RankShard, rank_shard.py).
-Evaluation: in order; under DDP Lightning's UnrepeatedDistributedSampler gives each sample to exactly one rank
-(shards differ by at most one sample), where the default DistributedSampler would pad the last shard with repeated
-samples and count them twice in val/test metrics. That is safe in evaluation, where DDP syncs buffers on the first
-batch only; Lightning keeps a loader's own DistributedSampler.
+Exact mid-epoch resume: Lightning saves a training loader's `state_dict()` in every checkpoint and restores it
+before the resumed run's first batch; it does not prefetch from loaders with a length, so the batches handed out
+are those trained on, and the resumed iterator skips their indices. The ranks move in lockstep: rank 0's saved
+position is every rank's.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from project.data.rank_shard import rank_shard
-from project.data.resumable_loader import ResumableDataLoader
 from project.data.validate import check_batch_size
-from project.data.workers import default_num_workers
-from project.rng import run_seed
+from project.rng import mix_seed, run_seed
 
 if TYPE_CHECKING:
     import lightning as L
 
+WORKER_SEED_STREAM = 1  # mix_seed(seed, epoch, 1): worker base seeds; mix_seed(seed, epoch): the order
 
-def world(trainer: "L.Trainer | None") -> tuple[int, int]:
-    """(global rank, world size) of this process: (0, 1) without a Trainer."""
-    return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+class TensorImages(Dataset):
+    """(N, C, H, W) pixels (uint8, or float in [0, 1]) and labels, on the host or the training device: a batch is
+    one index_select where they are, not a collate of samples (its loaders take `collate_fn=batched`)."""
+
+    def __init__(self, images: Tensor, labels: Tensor) -> None:
+        self.images, self.labels = images, labels.long()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        return self.images[i], int(self.labels[i])
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        # non_blocking: copying the indices to a GPU must not wait for the queued steps
+        i = torch.as_tensor(indices).to(self.labels.device, non_blocking=True)
+        return self.images.index_select(0, i), self.labels.index_select(0, i)
+
+
+def batched(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    return batch
+
+
+class EpochShard(DistributedSampler):
+    """This rank's equal, contiguous slice of a permutation seeded by (seed, epoch) only (the remainder is left
+    out), started `skip` indices in once. A DistributedSampler, so Lightning keeps it under DDP (any other it wraps,
+    padding the shards and restarting interrupted epochs); not its order, seeded by seed + epoch, which runs seeded
+    s and s + 1 would share an epoch apart."""
+
+    def __init__(self, n: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(range(n), world_size, rank, shuffle=True, seed=seed, drop_last=True)
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        start = self.rank * self.num_samples
+        order = torch.randperm(
+            len(self.dataset), generator=torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+        )
+        return iter(order[start + skip : start + self.num_samples].tolist())
+
+
+class ResumableDataLoader(DataLoader):
+    """Shuffled training loader (drop_last) whose position is saved in and restored from checkpoints.
+
+    A sampler other than an EpochShard (Lightning's, for overfit_batches) cannot skip: a resumed epoch restarts.
+    Worker base seeds come from the loader's own generator, re-seeded per epoch: the same after a resume, and
+    never drawn from the global RNG that a resume restored.
+    """
+
+    def __init__(
+        self, dataset: Dataset, batch_size: int, seed: int = 0, sampler: Sampler | None = None, **kwargs: Any
+    ) -> None:
+        kwargs.pop("shuffle", None)
+        kwargs.pop("drop_last", None)
+        kwargs.setdefault("generator", torch.Generator())
+        sampler = EpochShard(len(dataset), seed) if sampler is None else sampler
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kwargs)
+        self.seed, self.position, self._resume = seed, 0, None
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: its body runs at the first next(), after Lightning has called set_epoch.
+        epoch, state, self._resume = getattr(self.sampler, "epoch", 0), self._resume, None
+        # checkpoints of the DataLoader path before the in-memory loader merged into it say "batches"
+        skip = state.get("position", state.get("batches", 0)) if state and state["epoch"] == epoch else 0
+        if 0 < skip < len(self) and isinstance(self.sampler, EpochShard):
+            self.sampler.skip = skip * self.batch_size
+        else:
+            skip = 0
+        self.generator.manual_seed(mix_seed(self.seed, epoch, WORKER_SEED_STREAM))
+        self.position = skip  # batches handed out: a checkpoint taken during a step resumes after it
+        for batch in super().__iter__():
+            self.position += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "epoch": getattr(self.sampler, "epoch", 0),
+            "position": self.position,
+            "seed": self.seed,
+            "world_size": getattr(self.sampler, "num_replicas", 1),
+            "batch_size": self.batch_size,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        now = self.state_dict()
+        saved = (state.get("world_size", now["world_size"]), state.get("batch_size", self.batch_size))
+        if saved != (now["world_size"], self.batch_size):  # the epoch would be sliced or batched differently
+            raise ValueError(
+                f"This checkpoint's loader ran with world_size={saved[0]} and batch_size={saved[1]}, now "
+                f"{now['world_size']} and {self.batch_size}: the rest of its epoch cannot be reproduced. Resume "
+                "with the same devices and --data.init_args.batch_size."
+            )
+        self._resume = dict(state)
+
+
+def default_num_workers(reads_files: bool, local_processes: int = 1) -> int:
+    """0 for decoded tensors (a worker would only add the batches' transport, competing for the cores); for
+    files Lightning's suggestion, at most 8 (each worker holds a copy of the dataset and its prefetched batches)."""
+    return min(8, suggested_max_num_workers(local_processes)) if reads_files else 0
 
 
 def loader_args(
@@ -39,11 +134,7 @@ def loader_args(
     reads_files: bool,
     collate_fn: Callable | None = None,
 ) -> dict[str, Any]:
-    """The DataLoader arguments every map-style loader of this project shares.
-
-    num_workers None: default_num_workers (0 for tensors already in memory, else from the CPU count and the local
-    processes); pin_memory None: when CUDA is available (Lightning copies pinned batches with non_blocking=True).
-    """
+    """The DataLoader arguments every loader shares; pin_memory None: when CUDA is available."""
     if num_workers is None:
         num_workers = default_num_workers(reads_files, trainer.num_devices if trainer is not None else 1)
     return dict(
@@ -53,22 +144,23 @@ def loader_args(
         persistent_workers=num_workers > 0,
         prefetch_factor=2 if num_workers > 0 else None,
         collate_fn=collate_fn,
-        # Own generator: creating an iterator then never draws from the global RNG, so validation cannot shift
-        # the training streams (an exact resume, and the same run for a seed).
-        generator=torch.Generator(),
+        generator=torch.Generator(),  # an iterator's base seed, never from the global RNG
     )
 
 
 def train_loader(dataset: Dataset, trainer: "L.Trainer | None", args: dict[str, Any]) -> ResumableDataLoader:
-    """Shuffled, drop_last (equal-size steps keep BatchNorm stable and every DDP rank in lockstep) and resumable
-    mid-epoch; under DDP this rank's RankShard, which Lightning keeps instead of wrapping the sampler."""
-    check_batch_size(len(dataset), world(trainer)[1], args["batch_size"])
-    sampler = rank_shard(len(dataset), run_seed(), trainer)
+    """Shuffled, drop_last (equal-size steps keep BatchNorm stable and the DDP ranks in lockstep), resumable."""
+    rank, size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+    check_batch_size(len(dataset), size, args["batch_size"])
+    sampler = EpochShard(len(dataset), run_seed(), rank, size)
     return ResumableDataLoader(dataset, seed=run_seed(), sampler=sampler, **args)
 
 
 def eval_loader(dataset: Dataset, trainer: "L.Trainer | None", args: dict[str, Any]) -> DataLoader:
-    """In order, every sample once; under DDP each sample on exactly one rank."""
-    rank, size = world(trainer)
-    sampler = UnrepeatedDistributedSampler(dataset, size, rank, shuffle=False) if size > 1 else None
+    """In order; under DDP each sample on exactly one rank (DistributedSampler would pad the last shard with
+    repeats, counted twice in the metrics)."""
+    size = trainer.world_size if trainer is not None else 1
+    sampler = (
+        UnrepeatedDistributedSampler(dataset, size, trainer.global_rank, shuffle=False) if size > 1 else None
+    )
     return DataLoader(dataset, shuffle=False, sampler=sampler, **args)

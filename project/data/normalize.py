@@ -1,14 +1,11 @@
-"""The preprocessing every image path shares: `resize` to the training size, then `normalize`.
-
-An image becomes a model input in two steps, the same for training (every data path), evaluation, predict and
-export, so they cannot drift apart:
-1. `resize`: to the training size, once per image, on the CPU, in the pixels' own type (uint8 stays uint8:
-   bilinear with antialiasing, torch's uint8 kernel, the one torchvision's `resize` runs). The image module's
-   files and tensors, `prepare`'s chunks and predict all call it.
-2. `normalize`: per channel, with the training split's statistics (project/data/stats.py), on a whole batch on
-   the training device (the data modules' `on_after_batch_transfer`), or on one image in predict.
-Pixels travel as they were decoded (uint8, 4x smaller than float32) through the loader and the copy to the device.
+"""The preprocessing of every path, evaluation, predict and export, so they cannot drift apart: `resize` once
+per image, in the pixels' own type (uint8 travels as a quarter of float32), then `normalize` on the device with
+the statistics of `train_stats`: the training split only, at the training size, from at most STATS_LIMIT samples
+evenly spaced in the split's order. Torch only: predict imports this without torchvision.
 """
+
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -16,12 +13,11 @@ from torch.nn import functional as F
 
 
 def resize(x: Tensor, size: tuple[int, int] | list[int] | None) -> Tensor:
-    """A (C, H, W) or (N, C, H, W) image at `size` (H, W): bilinear, antialiased, in x's dtype (uint8 or float in
-    [0, 1], clamped); returned as it is when it has that size already (or size is None)."""
+    """A (C, H, W) or (N, C, H, W) image at `size` (H, W): bilinear, antialiased (torch's uint8 kernel, the one
+    torchvision's `resize` runs), in x's dtype (uint8 or float in [0, 1], clamped); x itself at that size."""
     if size is None or tuple(x.shape[-2:]) == tuple(size):
         return x
-    # contiguous: torch's uint8 kernel rounds differently for a channels-last input (a decoded (H, W, C) array
-    # viewed as (C, H, W)), and every path must give the same pixels
+    # contiguous: the uint8 kernel rounds differently for a channels-last input, and every path must agree
     batch = (x if x.ndim == 4 else x[None]).contiguous()
     if batch.dtype != torch.uint8:
         batch = batch.to(torch.float32)
@@ -32,13 +28,35 @@ def resize(x: Tensor, size: tuple[int, int] | list[int] | None) -> Tensor:
 
 
 def normalize(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-    """uint8 pixels (0-255) or float in [0, 1] -> float32 (x / 255 - mean) / std, per channel.
-
-    x: (C, H, W) or (B, C, H, W); mean and std: float32 tensors of shape (C, 1, 1) on x's device.
-    """
-    if x.dtype == torch.uint8:  # as torchvision's ToDtype(float32, scale=True), then its Normalize's sub, div
+    """uint8 pixels (0-255) or float in [0, 1] -> float32 (x / 255 - mean) / std; mean, std: (C, 1, 1)."""
+    if x.dtype == torch.uint8:  # as torchvision's ToDtype(float32, scale=True), then its Normalize
         return x.to(torch.float32).mul_(1.0 / 255).sub_(mean).div_(std)
     return x.to(torch.float32).sub(mean).div_(std)  # never writes into the caller's tensor
+
+
+# Enough samples for the statistics to settle, few enough that a large ImageFolder is decoded for them in
+# seconds (once: the folder index keeps the result).
+STATS_LIMIT = 4096
+
+
+def train_stats(pixels: Callable[[int], Tensor], train: Sequence[int]) -> tuple[list[float], list[float]]:
+    """Per-channel (mean, std) on the [0, 1] scale of pixels(i) for i in `train`, summed in float64 one sample at a
+    time; the std clamped away from 0 so that a constant channel cannot divide by zero."""
+    total = total_sq = count = 0
+    for pos in range(0, len(train), max(1, math.ceil(len(train) / STATS_LIMIT))):
+        x = pixels(train[pos])
+        flat = (x.to(torch.float64) / 255.0 if x.dtype == torch.uint8 else x.to(torch.float64)).flatten(1)
+        total, total_sq, count = total + flat.sum(1), total_sq + (flat * flat).sum(1), count + flat.shape[1]
+    if count == 0:
+        raise ValueError("no training samples to compute normalisation statistics from")
+    mean = total / count
+    var = (total_sq - count * mean * mean) / max(1, count - 1)
+    return mean.tolist(), var.clamp_min(0).sqrt().clamp_min(1e-6).tolist()
+
+
+def tensor_stats(images: Tensor) -> tuple[list[float], list[float]]:
+    """`train_stats` of a split held as one (N, C, H, W) tensor."""
+    return train_stats(images.__getitem__, range(len(images)))
 
 
 class Normalize(nn.Module):

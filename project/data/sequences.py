@@ -1,10 +1,5 @@
-"""A worked example for DatasetDataModule: the embedded digits as variable-length sequences, and their padding collate.
-
-Nothing is downloaded: the sequences are made from project/data/digits.csv.gz. Each 8x8 digit becomes the sequence
-of its ink pixels in reading order (row by row, left to right), one step per pixel: 16 to 42 steps (mean 32.7) on
-the shipped digits. `pad_collate` pads a batch to its longest sequence and returns the lengths, so a model can
-ignore the padding (project/models/sequence.py). configs/sequence.yaml trains the two together.
-"""
+"""A worked example for DatasetDataModule: the embedded digits as variable-length sequences, and their padding
+collate (configs/sequence.yaml trains them with project/models/sequence.py). Nothing is downloaded."""
 
 import torch
 from torch import Tensor
@@ -15,16 +10,12 @@ from project.data import digits
 
 
 class DigitPixelSequences(Dataset):
-    """The 1,797 digits as sequences of (row, column, intensity) steps, each scaled to [0, 1]; 10 classes.
-
-    What DatasetDataModule and the CLI read from a dataset (all optional):
-        classes: the class names; the number of classes is their count.
-        targets: every sample's label, read without loading the samples: splits carved from this dataset are
-            stratified, and every label is checked to be in range before training.
-        in_channels: features per step; the CLI passes it to the model's `in_channels`, like image channels.
+    """Each 8x8 digit as the sequence of its ink pixels in reading order, one (row, column, intensity) step per
+    pixel, each in [0, 1]: 16 to 42 steps. `classes`, `targets` and `in_channels` are what DatasetDataModule and
+    the CLI read from a dataset (all optional).
 
     Args:
-        min_intensity: keep the pixels brighter than this (intensity in [0, 1]; 0 keeps every pixel with ink).
+        min_intensity: keep the pixels brighter than this (in [0, 1]; 0 keeps every pixel with ink).
     """
 
     classes = list(digits.CLASSES)
@@ -33,11 +24,9 @@ class DigitPixelSequences(Dataset):
     def __init__(self, min_intensity: float = 0.0) -> None:
         images, labels = digits.load_digits_tensors()
         rows, cols = torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="ij")
-        grid = torch.stack(
-            [rows.flatten() / 7, cols.flatten() / 7], dim=1
-        )  # (64, 2): row-major = reading order
+        grid = torch.stack([rows.flatten() / 7, cols.flatten() / 7], dim=1)  # (64, 2), row-major
         self.sequences: list[Tensor] = []
-        for image in images.flatten(1):  # (64,) intensities in [0, 1]
+        for image in images.flatten(1):
             ink = image > min_intensity
             self.sequences.append(torch.cat([grid[ink], image[ink, None]], dim=1))  # (steps, 3) float32
         if min(len(s) for s in self.sequences) == 0:
@@ -54,10 +43,8 @@ class DigitPixelSequences(Dataset):
 
 
 def pad_collate(batch: list[tuple[Tensor, int]]) -> tuple[dict[str, Tensor], Tensor]:
-    """[(steps_i, features) sequence, label] -> ({"x": (B, max steps, features) zero-padded, "lengths": (B,)}, labels).
-
-    The inputs are a dict, so the module calls `model(x=..., lengths=...)`.
-    """
+    """[(steps_i, features) sequence, label] -> ({"x": (B, max steps, features) zero-padded, "lengths": (B,)},
+    labels): a dict, so the module calls `model(x=..., lengths=...)`."""
     sequences, labels = zip(*batch, strict=True)
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
     padded = pad_sequence(list(sequences), batch_first=True)  # zeros after each sequence's end

@@ -13,13 +13,11 @@ DATASETS = {
     "mnist": ("MNIST", (1, 28, 28), "MNIST/raw"),
     "fashionmnist": ("FashionMNIST", (1, 28, 28), "FashionMNIST/raw"),
 }
-
-
+# CIFAR10 reads its class names from its files: listed here, so that they are known without them
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
 def classes_of(name: str) -> list[str]:
-    """Class names, known without the files (CIFAR10 reads them from batches.meta, so they are listed here)."""
     import torchvision.datasets as tvd
 
     return list(CIFAR10_CLASSES if name == "cifar10" else getattr(tvd, DATASETS[name][0]).classes)
@@ -32,17 +30,15 @@ def load_split(name: str, root: str, train: bool, download: bool) -> tuple[Tenso
     cls_name, _, folder = DATASETS[name]
     try:
         ds = getattr(tvd, cls_name)(root=root, train=train, download=download)
-    # missing/corrupt files, or a failed download (URLError is an OSError)
-    except (RuntimeError, OSError) as err:
-        expected = Path(root) / folder
+    except (RuntimeError, OSError) as err:  # missing or corrupt files, a failed download (URLError)
         how = (
             "The download failed: is this machine online? Otherwise copy the files there by hand."
             if download
             else "Set --data.init_args.download true on a machine with network access, or copy the files there."
         )
         raise ConfigError(
-            f"{cls_name} {'train' if train else 'test'} files were not found or are corrupt under '{expected}' "
-            f"(data.root = '{root}'). {how} ({type(err).__name__}: {err})"
+            f"{cls_name} {'train' if train else 'test'} files were not found or are corrupt under "
+            f"'{Path(root) / folder}' (data.root = '{root}'). {how} ({type(err).__name__}: {err})"
         ) from err
     images = torch.as_tensor(ds.data)
     images = images.permute(0, 3, 1, 2) if images.ndim == 4 else images.unsqueeze(1)  # NHWC / NHW -> NCHW

@@ -1,8 +1,6 @@
-"""Checks on the data before training starts: unreadable images, labels out of range, empty splits.
-
-Each failure is one ConfigError paragraph naming what is wrong, where, and the fix: a run that would crash
-an hour in (a corrupt JPEG in epoch 3, a label 10 with 10 classes) fails in the first seconds instead.
-"""
+"""Checks on the data before training starts, each failure one ConfigError paragraph naming what is wrong,
+where, and the fix: a run that would crash an hour in (a corrupt JPEG in epoch 3, a label 10 with 10 classes)
+fails in its first seconds instead."""
 
 from pathlib import Path
 
@@ -12,19 +10,10 @@ from PIL import Image
 from project.errors import ConfigError
 
 
-def check_images(samples: list[tuple[str, int]], folder: str | Path) -> None:
-    """Every (path, label) of an ImageFolder must be a readable image; fail listing the ones that are not.
-
-    PIL's verify() reads the file structure without decoding pixels (PNG checksums included), so it is much
-    cheaper than loading; a JPEG truncated inside its pixel data can still pass and would fail when loaded.
-    project/data/folder_index.py runs this check once per file and keeps the verdicts between starts.
-    """
-    bad = [f"{path} ({reason})" for path, _ in samples if (reason := unreadable_reason(path)) is not None]
-    fail_unreadable(bad, len(samples), folder)
-
-
 def unreadable_reason(path: str | Path) -> str | None:
-    """None when PIL can open and verify the file; else "ErrorType: message" (shortened) saying why not."""
+    """None when PIL can open and verify the file, else why not. verify() reads the file's structure without
+    decoding pixels (PNG checksums included): much cheaper than loading, but a JPEG truncated inside its pixel
+    data can pass."""
     try:
         with Image.open(path) as im:
             im.verify()
@@ -44,7 +33,6 @@ def fail_unreadable(bad: list[str], total: int, folder: str | Path) -> None:
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
-    """Labels must lie in 0..num_classes-1 (CrossEntropy would fail mid-run with an index error)."""
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         bad = labels[(labels < 0) | (labels >= num_classes)]
         raise ConfigError(
@@ -56,20 +44,11 @@ def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
 
 def check_batch_size(n_train: int, world_size: int, batch_size: int) -> None:
     """Every process needs at least one full training batch (the training loaders drop the last partial one)."""
+    if batch_size < 1:
+        raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}.")
     if n_train // world_size < batch_size:
         per_process = f" ({n_train // world_size} per process)" if world_size > 1 else ""
         raise ConfigError(
             f"The training split has {n_train} samples{per_process}, fewer than data.batch_size={batch_size}; no "
             "full batch would remain. Lower --data.init_args.batch_size."
-        )
-
-
-def check_split_sizes(sizes: dict[str, int], fractions: str) -> None:
-    """No split may be empty after the train/val/test carving."""
-    empty = [name for name, n in sizes.items() if n == 0]
-    if empty:
-        counts = ", ".join(f"{k}={v}" for k, v in sizes.items())
-        raise ConfigError(
-            f"The {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty after carving ({counts}; "
-            f"{fractions}). Add data, or change --data.init_args.val_fraction / --data.init_args.test_fraction."
         )

@@ -1,4 +1,4 @@
-"""ImageFolder's decoder and preprocessing (project/data/decode.py, normalize.py): PIL's pixels, torchvision's
+"""ImageFolder's decoder and preprocessing (project/data/image_folder.py, normalize.py): PIL's pixels, torchvision's
 resize, and one preprocessing for training, predict and export.
 In-process, on a few generated files."""
 
@@ -10,7 +10,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFilter
 from torch.utils.data import default_collate
 
-from project.data import ImageClassificationDataModule, decode
+from project.data import ImageClassificationDataModule, image_folder
 from project.inference import preprocessing_of
 
 
@@ -67,7 +67,7 @@ def test_decoder_gives_pils_pixels(photos, tmp_path):
     for path in files:
         with Image.open(path) as im:
             expected = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
-        got = decode.load_image(path)
+        got = image_folder.load_image(path)
         assert got.dtype == torch.uint8 and got.shape == expected.shape, path
         assert torch.equal(got, expected), (path, (got.int() - expected.int()).abs().max())
 
@@ -82,7 +82,7 @@ def test_resize_is_torchvisions_and_close_to_pils(photos):
     from project.data.normalize import resize
 
     for path in photos:
-        x = decode.load_image(path)
+        x = image_folder.load_image(path)
         for size in ((224, 224), (64, 64), (32, 48)):
             ours = resize(x, size)
             assert ours.dtype == torch.uint8 and torch.equal(ours, F2.resize(x, list(size), antialias=True))

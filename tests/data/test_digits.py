@@ -82,16 +82,6 @@ def test_loader_settings():
     assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 2
 
 
-def test_float64_images_are_converted_with_a_warning():
-    import pytest
-
-    from project.data.tensor_dataset import ImageTensorDataset
-
-    with pytest.warns(UserWarning, match="float64"):
-        ds = ImageTensorDataset(torch.rand(4, 1, 8, 8, dtype=torch.float64), torch.zeros(4))
-    assert ds[0][0].dtype == torch.float32
-
-
 def test_state_dict_carries_classes_and_preprocessing():
     dm = setup_dm()
     state = dm.state_dict()
@@ -127,3 +117,13 @@ def test_stratified_split_counts_seeds_and_errors():
         stratified_split([0, 0, 1, 2, 2], 0.4, seed=0)
     with pytest.raises(ValueError, match="fewer samples than the 3 classes"):
         stratified_split([0, 0, 1, 1, 2, 2], 0.2, seed=0)
+
+
+@pytest.mark.claim("bad-input-batch-size")
+def test_prepare_data_loads_and_checks_the_data():
+    """Lightning creates the loggers' files between prepare_data and setup: bad data must fail in prepare_data.
+    (The CLI also removes a run directory without checkpoints, which hides a check moved to setup.)"""
+    from project.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fewer than data.batch_size=5000"):
+        ImageClassificationDataModule(batch_size=5000).prepare_data()

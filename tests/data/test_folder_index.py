@@ -10,7 +10,7 @@ import time
 import pytest
 from PIL import Image
 
-from project.data import ImageClassificationDataModule, decode, folder_index
+from project.data import ImageClassificationDataModule, folder_index, image_folder
 from project.errors import ConfigError
 from tests.data.test_image_folder import write_pngs
 
@@ -54,8 +54,8 @@ def test_second_start_opens_no_file(tmp_path, monkeypatch):
     for split in ("train_set", "val_set", "test_set"):
         a, b = getattr(first, split), getattr(second, split)
         assert a.samples == b.samples
-    # the sets still serve images, through the decoder (project/data/decode.py)
-    reads = count_calls(monkeypatch, decode, "decode_image_file")
+    # the sets still serve images, through the decoder (project/data/image_folder.py)
+    reads = count_calls(monkeypatch, image_folder, "load_image")
     x, y = second.train_set[0]
     assert x.shape == (3, 8, 8) and len(reads) == 1
 

@@ -13,7 +13,7 @@ from PIL import Image
 from torch.utils.data import default_collate
 
 from project.data import DatasetDataModule, ImageClassificationDataModule
-from project.data.stats import train_stats
+from project.data.normalize import train_stats
 from project.inference import preprocessing_of
 from tests.conftest import quiet_trainer
 
@@ -88,7 +88,7 @@ def eval_inputs(dm, split: str) -> torch.Tensor:
 def test_splits_statistics_and_eval_inputs_are_the_same_on_every_path(folder, prepared):
     from litdata import StreamingDataset
 
-    from project.data.decode import load_image
+    from project.data.image_folder import load_image
     from project.data.normalize import resize
 
     files, memory, stream = three_paths(folder, prepared)

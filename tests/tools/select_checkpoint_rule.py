@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -36,7 +37,7 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from project.cli import build_cli  # noqa: E402
 from project.data import digits  # noqa: E402
-from project.data.in_memory import InMemoryLoader  # noqa: E402
+from project.data.loaders import TensorImages, batched  # noqa: E402
 from project.data.splits import stratified_split  # noqa: E402
 
 # An epoch record: {"epoch", "val_acc", "val_loss", "held_acc"}. A rule returns the index of the chosen record.
@@ -125,7 +126,7 @@ def train_one(split_seed: int, seed: int, extra: list[str], workdir: Path) -> li
     positions, _ = held_out_indices(split_seed, dm.hparams.test_fraction)
     images, labels = dm.tensors["test"]
     pos = torch.tensor(positions)
-    loader = InMemoryLoader(images[pos], labels[pos], 256, shuffle=False)
+    loader = DataLoader(TensorImages(images[pos], labels[pos]), 256, collate_fn=batched)
     module = copy.deepcopy(cli.model)
     for record in recorder.records:
         module.load_state_dict(record.pop("state"))
