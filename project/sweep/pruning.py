@@ -23,8 +23,11 @@ class TrialPruning(PyTorchLightningPruningCallback):
         pruner = instantiate(pruner or NO_PRUNER, "pruner")
         study = optuna.load_study(study_name=study_name, storage=opened, pruner=pruner)
         study_id = opened.get_study_id_from_name(study_name)
-        self._trial_id = opened.get_trial_id_from_study_id_trial_number(study_id, trial_number)
-        super().__init__(optuna.trial.Trial(study, self._trial_id), monitor)
+        self.storage, self.trial_id = (
+            opened,
+            opened.get_trial_id_from_study_id_trial_number(study_id, trial_number),
+        )
+        super().__init__(optuna.trial.Trial(study, self.trial_id), monitor)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         value = trainer.callback_metrics.get(self.monitor)
@@ -36,6 +39,6 @@ class TrialPruning(PyTorchLightningPruningCallback):
         try:
             super().on_validation_end(trainer, pl_module)
         except optuna.TrialPruned as pruned:
-            self._trial.storage.set_trial_system_attr(self._trial_id, PRUNED_KEY, True)
+            self.storage.set_trial_system_attr(self.trial_id, PRUNED_KEY, True)
             print(f"\n{pruned} The sweep marks it pruned.", flush=True)
             raise SystemExit(0) from None  # Lightning tears down on any BaseException, then the process ends
