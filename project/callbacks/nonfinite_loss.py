@@ -18,25 +18,20 @@ class NonFiniteLossError(ConfigError):
 
 
 class NonFiniteLossGuard(Callback):
-    """Skips every optimizer step from the first non-finite loss on, on the device, and stops the run at the next
-    point where the host reads anyway: no device-to-host sync in the steady-state step.
+    """From the first non-finite loss on, skips every optimizer step on the device, and stops the run naming that
+    batch at the next point where the host reads anyway: no device-to-host sync in the steady-state step (a
+    `loss.item()` per step stalls a GPU's launch queue). Lightning's `detect_anomaly=True` costs several times the
+    step; EarlyStopping(check_finite=True) reads a logged metric after the NaN step has moved the weights.
 
-    Not `loss.item()` per step: on a GPU that read stalls the launch queue every step. Not Lightning's own:
-    `detect_anomaly=True` costs several times the step (configs/debug/detect_anomaly.yaml), and
-    EarlyStopping(check_finite=True) reads a logged metric after the NaN step has moved the weights.
-
-    Per step, on the device: the loss and a sticky flag `found` (1.0 from the first non-finite value on; under
-    DDP non-finite gradients raise it too, the same on every rank after DDP's all-reduce) go into this window's
-    slot. Fused optimizers (`fused=True`: torch's fused AdamW/Adam/SGD) get `optimizer.found_inf = found`, the
-    flag GradScaler hands them: the kernel then leaves parameters, moments and step count untouched. Any other
-    optimizer, or a 16-mixed run (its GradScaler sets found_inf itself), reads the flag on the host before each
-    step: zeroing the gradients would not skip AdamW's momentum and weight decay.
-
-    The window is read on the host, and the run stopped naming the first bad batch, after each epoch's last batch,
-    every `check_every_n_steps` batches, before every checkpoint is written (none holds a state after the bad
-    step) and at the end of training; under DDP the ranks all-reduce it there, so that all stop at the same point.
-    Not checked: `save_weights_only` checkpoints mid-epoch (no callback hook runs), BatchNorm statistics updated
-    by the forward passes of skipped batches.
+    Per step, on the device: the loss goes into this window's slot, and a sticky flag `found` turns 1.0 at the
+    first non-finite value (under DDP non-finite gradients raise it too: they are the same on every rank). Fused
+    optimizers (torch's fused AdamW/Adam/SGD) get `optimizer.found_inf = found`, GradScaler's flag: their kernel
+    then leaves parameters, moments and step count untouched. Any other optimizer, or a 16-mixed run (GradScaler
+    sets found_inf itself), reads the flag on the host before each step: zeroed gradients would not skip AdamW's
+    momentum and weight decay. The window is read after each epoch's last batch, every `check_every_n_steps`
+    batches, before every checkpoint is written and at the end of training; under DDP the ranks all-reduce it
+    there, so that all stop at the same point. Not checked: `save_weights_only` checkpoints mid-epoch (no hook
+    runs), BatchNorm statistics updated by the forward passes of skipped batches.
     """
 
     def __init__(self, check_every_n_steps: int = 100) -> None:
@@ -112,7 +107,7 @@ class NonFiniteLossGuard(Callback):
         first, kind = len(self._where) - encoded // 4, encoded % 4
         fallback = (trainer.global_step, trainer.current_epoch, -1)
         step, epoch, batch_idx = self._where[first] if 0 <= first < len(self._where) else fallback
-        self._forget_found_inf(trainer)
+        self.on_exception(trainer, None)  # the skip flag goes: the run stops
         last = getattr(trainer.checkpoint_callback, "last_model_path", "") or "none written yet"
         raise NonFiniteLossError(
             f"{_WHAT[kind]} at global step {step}, epoch {epoch}, batch {batch_idx}; training stopped, and no optimizer "
@@ -134,15 +129,12 @@ class NonFiniteLossGuard(Callback):
         value = losses[first]
         return (count - first) * 4 + {math.inf: 1, -math.inf: 2}.get(value, 3 if math.isnan(value) else 0)
 
-    def _forget_found_inf(self, trainer) -> None:
+    def on_exception(self, trainer, pl_module, exception=None) -> None:
         for optimizer in trainer.optimizers:
             if hasattr(optimizer, "found_inf"):
                 del optimizer.found_inf  # a later step outside this fit must not be skipped
 
-    def on_exception(self, trainer, pl_module, exception) -> None:
-        self._forget_found_inf(trainer)
-
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
-            self._forget_found_inf(trainer)
             self._found = None
+            self.on_exception(trainer, pl_module)

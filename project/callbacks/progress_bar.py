@@ -5,59 +5,30 @@ import logging
 import math
 import sys
 import time
+from types import SimpleNamespace
 
 from lightning.pytorch.callbacks import RichProgressBar, Timer
 from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
-from rich.progress import ProgressColumn
 from rich.text import Text
 
 
 class AverageSpeedColumn(ProcessingSpeedColumn):
-    """Batches per second since the epoch's bar started: Rich's own estimate needs two updates within its window,
-    which a bar redrawn every 0.5 s over sub-second epochs rarely has (it then showed 0.00it/s)."""
+    """Batches per second since the epoch's bar started: Rich's own rate needs two updates within its window, which
+    a bar redrawn every 0.5 s over sub-second epochs rarely has (it showed 0.00it/s)."""
 
     def render(self, task) -> Text:
         return Text(f"{task.completed / task.elapsed if task.elapsed else 0.0:>.2f}it/s", style=self.style)
 
 
-class RunTimeLeftColumn(ProgressColumn):
-    """`run ETA 0:01:23` on the training bar: ProgressBar.run_seconds_left."""
-
-    def __init__(self, bar: "ProgressBar", style: str = "") -> None:
-        super().__init__()
-        self.bar, self.style = bar, style
-
-    def render(self, task) -> Text:
-        if task.id != self.bar.train_progress_bar_id:
-            return Text()
-        left = self.bar.run_seconds_left(self.bar.trainer)
-        return Text(
-            f"run ETA {'-:--:--' if left is None else datetime.timedelta(seconds=round(left))}",
-            style=self.style,
-        )
-
-
-class _CurrentStderr:
-    """Whatever sys.stderr is at each write: Rich's live display makes it a proxy that prints above the bar."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-
 class ProgressBar(RichProgressBar):
-    """RichProgressBar whose per-batch updates are skipped until `min_interval` seconds have passed (an epoch's
-    last batch always updates, so the bar ends at its true count).
+    """RichProgressBar that skips per-batch updates until `min_interval` seconds passed (a stage's last batch
+    always updates, so the bar ends at its true count), and shows `run ETA` on the training bar.
 
-    The stock bar updates its task and re-reads every logged metric after each batch: on steps of a few
-    milliseconds a visible share of the training time. Its `refresh_rate` counts batches, which is too rare for
-    1 s steps and too often for 1 ms ones; a time interval suits both.
-
-    Lightning's log messages ("`Trainer.fit` stopped: `max_epochs=N` reached.", written while the last epoch's bar
-    is live) go through the live display, above the bar: its StreamHandlers hold the stderr of import time, and
-    written past Rich they shifted the lines Rich erases, leaving a stale copy of the bar on screen.
+    The stock bar updates its task and re-reads every logged metric after each batch, on steps of a few
+    milliseconds a visible share of the training time; its `refresh_rate` counts batches, too rare for 1 s steps
+    and too often for 1 ms ones. Lightning's log messages ("`Trainer.fit` stopped: ...", while the last bar is
+    live) are printed above the bar: its StreamHandlers hold the stderr of import time, and written past Rich's
+    live display they shifted the lines Rich erases, which left a copy of the bar on screen.
 
     Args:
         min_interval: seconds between two redraws of a batch counter (0 = every batch, like RichProgressBar).
@@ -65,35 +36,39 @@ class ProgressBar(RichProgressBar):
 
     def __init__(self, min_interval: float = 0.5, leave: bool = False, **kwargs) -> None:
         super().__init__(leave=leave, **kwargs)
-        self.min_interval, self._last_draw = min_interval, 0.0
-        self._log_streams: dict[logging.StreamHandler, object] = {}
-        self._epoch_seconds: list[float] = []  # start-to-start wall time of each whole epoch of this session
+        self.min_interval, self._last_draw, self._streams = min_interval, 0.0, {}
+        self._epoch_seconds: list[float] = []  # start to start, of each whole epoch of this session
         self._epoch_start: float | None = None
         self._first_batch: int | None = None  # of the current epoch: > 0 when resumed mid-epoch
         self._batches_done, self._fit_done = 0, False
 
     def configure_columns(self, trainer) -> list:
-        columns = super().configure_columns(trainer)
-        columns = [
-            AverageSpeedColumn(self.theme.processing_speed) if isinstance(c, ProcessingSpeedColumn) else c
-            for c in columns
+        speed = AverageSpeedColumn(self.theme.processing_speed)
+        return [
+            speed if isinstance(c, ProcessingSpeedColumn) else c for c in super().configure_columns(trainer)
         ]
-        return [*columns, RunTimeLeftColumn(self, style=self.theme.time)]
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        left = self.run_seconds_left(trainer)
+        eta = "-:--:--" if left is None else str(datetime.timedelta(seconds=round(left)))
+        return {**super().get_metrics(trainer, pl_module), "run ETA": eta}
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        # sys.stderr at each write: Rich's live display makes it a proxy that prints above the bar
+        current = SimpleNamespace(write=lambda text: sys.stderr.write(text), flush=lambda: sys.stderr.flush())
         handlers = [
             h for name in ("lightning.pytorch", "lightning.fabric") for h in logging.getLogger(name).handlers
         ]
         for handler in [] if self.is_disabled else handlers:
             if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.__stderr__):
-                self._log_streams[handler] = handler.setStream(_CurrentStderr())
+                self._streams[handler] = handler.setStream(current)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)  # stops the live display
-        for handler, stream in self._log_streams.items():
+        while self._streams:
+            handler, stream = self._streams.popitem()
             handler.setStream(stream)
-        self._log_streams.clear()
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._epoch_seconds, self._epoch_start, self._fit_done = [], None, False
@@ -111,54 +86,55 @@ class ProgressBar(RichProgressBar):
         super().on_train_end(trainer, pl_module)
 
     def run_seconds_left(self, trainer) -> float | None:
-        """Seconds until fit ends, None before anything is measured (or without any limit).
+        """Seconds until fit ends; None before anything is measured, or without any limit.
 
-        An epoch's time runs from its start to the next one's (validation and checkpoints included): the mean of
-        this session's whole epochs (not one resumed mid-way), or before the first ends, its training batches'.
-        Left: the rest of this epoch and the epochs to max_epochs; if fewer, the steps to max_steps; at most what
-        max_time leaves. EarlyStopping or the NaN guard can end a run sooner.
+        An epoch's time is the mean of this session's whole epochs, start to start (validation and checkpoints
+        included), or before the first ends, of its training batches. Left: the rest of this epoch and the
+        epochs to max_epochs; if fewer, the steps to max_steps; at most what max_time (Timer) leaves.
         """
         if self._fit_done or self._epoch_start is None:
             return 0.0 if self._fit_done else None
         elapsed, total = time.monotonic() - self._epoch_start, self.total_train_batches
+        counted = math.isfinite(total) and total > 0
         done = self._batches_done - (self._first_batch or 0)
         per_epoch = sum(self._epoch_seconds) / len(self._epoch_seconds) if self._epoch_seconds else None
-        if per_epoch is None and done > 0 and math.isfinite(total):
+        if per_epoch is None and done > 0 and counted:
             per_epoch = elapsed / done * total  # training only: no validation measured yet
         left = [c.time_remaining("train") for c in trainer.callbacks if isinstance(c, Timer)]
         if per_epoch is not None:
-            fraction = self._batches_done / total if math.isfinite(total) and total else 0.0
-            this_epoch = (1 - fraction) * per_epoch if self._first_batch else max(per_epoch - elapsed, 0.0)
+            if self._first_batch:  # resumed mid-epoch: the rest of it
+                this_epoch = (1 - (self._batches_done / total if counted else 0.0)) * per_epoch
+            else:
+                this_epoch = max(per_epoch - elapsed, 0.0)
             if trainer.max_epochs is not None and trainer.max_epochs >= 0:
                 left.append(this_epoch + (trainer.max_epochs - trainer.current_epoch - 1) * per_epoch)
-            if trainer.max_steps is not None and trainer.max_steps >= 0 and math.isfinite(total) and total:
+            if trainer.max_steps is not None and trainer.max_steps >= 0 and counted:
                 steps_per_epoch = math.ceil(total / trainer.accumulate_grad_batches)
                 left.append((trainer.max_steps - trainer.global_step) / steps_per_epoch * per_epoch)
         left = [s for s in left if s is not None]
         return max(min(left), 0.0) if left else None
 
-    def _due(self, batch_idx: int, total: int | float) -> bool:
+    def _due(self, batch_idx: int, total: str) -> bool:
+        """Whether to redraw after this batch. A disabled bar (every rank but 0 under DDP) set up no totals."""
+        if self.is_disabled:
+            return False
         now = time.monotonic()
-        if now - self._last_draw >= self.min_interval or batch_idx + 1 >= total:
-            self._last_draw = now
-            return True
-        return False
+        if now - self._last_draw < self.min_interval and batch_idx + 1 < getattr(self, total):
+            return False
+        self._last_draw = now
+        return True
 
-    # A disabled bar (every rank but 0 under DDP) never set up the batch totals: it must not read them.
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not self.is_disabled:
-            self._first_batch = batch_idx if self._first_batch is None else self._first_batch
-            self._batches_done = batch_idx + 1
-            if self._due(batch_idx, self.total_train_batches):
-                super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._first_batch = batch_idx if self._first_batch is None else self._first_batch
+        self._batches_done = batch_idx + 1
+        if self._due(batch_idx, "total_train_batches"):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, *rest) -> None:
-        due = not self.is_disabled and (
-            trainer.sanity_checking or self._due(batch_idx, self.total_val_batches_current_dataloader)
-        )
-        if due:
+        due = trainer.sanity_checking and not self.is_disabled  # the sanity check's few batches: every one
+        if due or self._due(batch_idx, "total_val_batches_current_dataloader"):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, *rest)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, *rest) -> None:
-        if not self.is_disabled and self._due(batch_idx, self.total_test_batches_current_dataloader):
+        if self._due(batch_idx, "total_test_batches_current_dataloader"):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, *rest)

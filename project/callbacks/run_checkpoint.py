@@ -1,5 +1,4 @@
-"""A run's checkpoints: RunCheckpoint writes best-*.ckpt and last.ckpt at every trigger, GracefulStop has it save on
-SIGTERM / Ctrl+C, RNGState puts every random stream into each checkpoint."""
+"""A run's checkpoints: RunCheckpoint writes all of them, at every trigger; RNGState adds the random streams."""
 
 import os
 import signal
@@ -22,32 +21,35 @@ from project.rng import capture_rng_states, restore_rng_states
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint selects best-*.ckpt (`monitor`, `mode`, its epoch trigger, unchanged); last.ckpt is this
-    class's alone: at every epoch end, every `every_n_train_steps` optimizer steps, every `train_time_interval` of
-    training, and when GracefulStop asks (`write_last`).
+    """The run's one checkpoint writer. best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode` at epoch
+    ends, unchanged. last.ckpt: this class's alone, at every epoch end, every `every_n_train_steps` optimizer
+    steps, every `train_time_interval` of training, and on SIGTERM or Ctrl+C: the step finishes, last.ckpt is
+    saved, the run exits with 128 + the signal number (143, 130: a scheduler sees no success). A second Ctrl+C
+    stops at once, unsaved. SLURM's requeue signal (SIGUSR1) stays Lightning's.
 
-    Why not ModelCheckpoint's own last.ckpt and triggers (Lightning 2.6):
-    - one trigger per instance, and a second instance (for mid-epoch saves) writes last.ckpt too;
-    - with save_top_k: 1 it writes last.ckpt at an epoch end only when that epoch wrote a new best file;
-    - a step or time save after an epoch's last batch resumes by running that epoch again: such saves skip that
-      batch (`resumable_after`); the epoch-end save follows;
-    - under DDP its time trigger broadcasts rank 0's decision at every step (a host sync with NCCL); here every
-      `time_check_every_n_steps` steps (one process reads its clock every step);
+    Why not ModelCheckpoint's own last.ckpt and triggers, nor Lightning's signal handling (2.6):
+    - one trigger per instance, and each instance writes last.ckpt; with save_top_k: 1, it writes last.ckpt only
+      at epoch ends that wrote a new best file;
+    - a save after an epoch's last batch resumes by running that epoch again: step, time and signal saves wait
+      for the next batch (`resumable_after`); the epoch-end save follows;
+    - under DDP its time trigger broadcasts at every step, and its SIGTERM handler broadcasts from inside the
+      handler (a hang on a rank the signal reached alone); it ends the run with exit code 0 and nothing saved
+      when the signal lands in validation, and stops without saving on SIGINT. Here, a signal reaching the ranks
+      one by one or one alone, every `check_every_n_steps` batches one all-reduce carries the highest signal of
+      any rank and rank 0's clock, so that all ranks enter the (collective) save together;
     - it keeps only the monitored value of each file: `best_model_metrics` are every val/* (or val_*) value of the
-      epoch of `best_model_path`, in this callback's state so that a resumed run keeps them;
-    - it finds the monitored key missing only after a training epoch. Here the first validation that logs (the
-      sanity check's, or epoch 0's) decides: other keys but not `monitor` stop the run naming them; no validation,
-      or one that logs nothing, keeps last.ckpt only (`monitor` None), said once. A train* monitor is not checked.
+      epoch of `best_model_path`, kept in this callback's state for a resumed run (summary.json's best_val_acc);
+    - it finds the monitored key missing only after an epoch. Here the first validation that logs (the sanity
+      check's, or epoch 0's) decides: other keys but not `monitor` stop the run naming them; no validation, or one
+      logging nothing, keeps last.ckpt only (`monitor` None), said once. A train* monitor is not checked.
 
-    In an epoch with a new best file, last.ckpt is a hard link to it (one serialization), made under a temporary
-    name and renamed over last.ckpt: atomic, unlike `save_last: link`'s symlink. Where hard links fail (some
-    network filesystems) it is written in full.
+    In an epoch with a new best file, last.ckpt is a hard link to it, made under a temporary name and renamed
+    over last.ckpt (atomic, unlike the symlink of `save_last: link`); where hard links fail it is written in full.
 
     Args:
         every_n_train_steps: also write last.ckpt every this many optimizer steps, mid-epoch (0 = off).
         train_time_interval: also write last.ckpt when this much training time passed since the last timed save.
-        time_check_every_n_steps: under DDP, steps between two broadcasts of rank 0's clock (a timed save comes
-            up to this many steps late).
+        check_every_n_steps: under DDP, batches between two checks of the signals and the clock (a host read).
         enable_version_counter: off, so that an epoch run again after a resume keeps its best file's name.
     """
 
@@ -60,22 +62,24 @@ class RunCheckpoint(ModelCheckpoint):
         save_top_k: int = 1,
         every_n_train_steps: int = 0,
         train_time_interval: timedelta | None = None,
-        time_check_every_n_steps: int = 10,
+        check_every_n_steps: int = 10,
         enable_version_counter: bool = False,
         **kwargs: Any,
     ) -> None:
-        if every_n_train_steps < 0 or time_check_every_n_steps < 1:
+        if every_n_train_steps < 0 or check_every_n_steps < 1:
             raise ValueError(
-                "every_n_train_steps must be >= 0 and time_check_every_n_steps >= 1, got "
-                f"{every_n_train_steps} and {time_check_every_n_steps}"
+                "every_n_train_steps must be >= 0 and check_every_n_steps >= 1, got "
+                f"{every_n_train_steps} and {check_every_n_steps}"
             )
         kwargs.update(mode=mode, save_top_k=save_top_k, enable_version_counter=enable_version_counter)
-        super().__init__(dirpath, filename, monitor, save_last=False, **kwargs)  # last.ckpt is this class's
+        super().__init__(dirpath, filename, monitor, save_last=False, **kwargs)
         self.every_n_train_steps, self.train_time_interval = every_n_train_steps, train_time_interval
-        self.time_check_every_n_steps = time_check_every_n_steps
+        self.check_every_n_steps = check_every_n_steps
         self.best_k_metrics: dict[str, dict[str, float]] = {}  # top-k file -> its epoch's val/* metrics
         self._selecting = None  # the trainer, while ModelCheckpoint may write a top-k file
-        self._clock, self._last_step_saved = time.monotonic(), 0  # step 0: nothing trained, nothing to save
+        self._clock, self._last_step_saved, self._since_check = time.monotonic(), 0, 0
+        self._received: int | None = None  # the signal received
+        self._previous: dict = {}  # the signal handlers before this one's
         self._unchecked = bool(monitor) and staged(monitor, "train") is None  # does validation log `monitor`?
         self._before_validation: set[str] = set()
         _ = self.state_key  # from the configured monitor, also once it is dropped: a resume finds this state
@@ -83,22 +87,82 @@ class RunCheckpoint(ModelCheckpoint):
     @cached_property
     def state_key(self) -> str:
         # Lightning reads it at every hook call; it leaves out this class's own triggers, so a resume with other
-        # step or time intervals keeps the best files.
+        # intervals keeps the best files.
         return super().state_key
 
     @property
     def best_model_metrics(self) -> dict[str, float]:
         return self.best_k_metrics.get(self.best_model_path, {})
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._received, self._since_check = None, 0
+        if threading.current_thread() is threading.main_thread():  # where signal handlers can be installed
+            self._previous = {
+                sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
+            }
+
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self._clock = time.monotonic()
+        if self._previous:  # Lightning installed its SIGTERM handler after on_fit_start, calling ours from it
+            signal.signal(signal.SIGTERM, self._handle)
         if self._unchecked and not trainer.enable_validation:
             self._select_nothing(trainer, "it has no validation (no validation_step or val batches)")
+
+    def _handle(self, signum: int, frame) -> None:
+        if not self._previous:  # fit is over (Lightning restores the handlers it found, this one among them)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        elif self._received is not None and signum == signal.SIGINT:
+            self._restore()
+            raise KeyboardInterrupt  # second Ctrl+C: stop now
+        else:
+            self._received = signum
+            if env_rank() == 0:
+                name = signal.Signals(signum).name
+                print(
+                    f"\nReceived {name}: saving a checkpoint after this step, then exiting.", file=sys.stderr
+                )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._since_check += (
+            1  # ModelCheckpoint's own hook is not called: it has no step or time trigger here
+        )
+        if not resumable_after(trainer, batch_idx):
+            return
+        step, now, signum = trainer.global_step, time.monotonic(), 0
+        fresh = step != self._last_step_saved
+        save = fresh and self.every_n_train_steps > 0 and step % self.every_n_train_steps == 0
+        if trainer.world_size == 1 or self._since_check >= self.check_every_n_steps:  # all ranks count alike
+            self._since_check, interval = 0, self.train_time_interval
+            timed = fresh and interval is not None and now - self._clock >= interval.total_seconds()
+            flag = 2 * (self._received or 0) + (timed and trainer.is_global_zero)
+            if trainer.world_size > 1:
+                flag = torch.tensor([flag], device=trainer.strategy.root_device)
+                flag = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+            signum, timed = divmod(flag, 2)
+            self._clock = now if timed else self._clock
+            save = save or timed or signum
+        if save:
+            path = self.write_last(trainer)
+        if signum:
+            if trainer.is_global_zero:
+                print(f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).", file=sys.stderr)
+            self._restore()  # the exception path skips teardown
+            raise SystemExit(128 + signum)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if self._unchecked:  # LearningRateMonitor's keys and train_* are logged before
             self._before_validation = set(trainer.callback_metrics)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._unchecked and trainer.state.fn == "fit":  # not `validate`: it selects nothing
+            self._check_monitor(trainer)
+        # ModelCheckpoint selects here when validation is not once per epoch end (val_check_interval < 1, ...)
+        if best := self._select(super().on_validation_end, trainer, pl_module):
+            self.write_last(trainer, link_to=best)
 
     def _check_monitor(self, trainer) -> None:
         logged = sorted(set(trainer.callback_metrics) - self._before_validation)
@@ -122,28 +186,6 @@ class RunCheckpoint(ModelCheckpoint):
                 flush=True,
             )
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        step = trainer.global_step  # ModelCheckpoint's own hook is not called: it has no step or time trigger
-        if not resumable_after(trainer, batch_idx) or step == self._last_step_saved:
-            return
-        due = self.every_n_train_steps > 0 and step % self.every_n_train_steps == 0
-        if not due and self.train_time_interval is not None:
-            if trainer.world_size == 1 or step % self.time_check_every_n_steps == 0:
-                now = time.monotonic()  # rank 0's clock decides: the ranks enter the collective save together
-                due = bool(
-                    trainer.strategy.broadcast(now - self._clock >= self.train_time_interval.total_seconds())
-                )
-                self._clock = now if due else self._clock
-        if due:
-            self.write_last(trainer)
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if self._unchecked and trainer.state.fn == "fit":  # not `validate`: it selects nothing
-            self._check_monitor(trainer)
-        # ModelCheckpoint selects here when validation is not once per epoch end (val_check_interval < 1, ...)
-        if best := self._select(super().on_validation_end, trainer, pl_module):
-            self.write_last(trainer, link_to=best)
-
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         best = self._select(super().on_train_epoch_end, trainer, pl_module)
         if not trainer.fast_dev_run and (best or trainer.global_step != self._last_step_saved):
@@ -164,16 +206,15 @@ class RunCheckpoint(ModelCheckpoint):
         if not (link_to and self._link(trainer, link_to, path)):
             trainer.save_checkpoint(path, self.save_weights_only)
         self._last_step_saved = trainer.global_step
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
+        for logger in trainer.loggers if trainer.is_global_zero else []:
+            logger.after_save_checkpoint(proxy(self))
         return path
 
     @staticmethod
     def _link(trainer, source: str, target: str) -> bool:
         done, tmp = True, ""
         if trainer.is_global_zero:
-            try:  # atomic_write's temporary name, so that remove_stale clears one a kill left behind
+            try:  # atomic_write's temporary name, which remove_stale clears when a kill left one behind
                 fd, tmp = tempfile.mkstemp(
                     prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=os.path.dirname(target)
                 )
@@ -200,85 +241,8 @@ class RunCheckpoint(ModelCheckpoint):
         super().load_state_dict(state_dict)
         self.best_k_metrics = dict(state_dict.get("best_k_metrics", {}))
 
-
-class GracefulStop(Callback):
-    """SIGTERM / Ctrl+C: the step finishes, the run's RunCheckpoint writes last.ckpt, the run exits 128 + signal
-    number (143 / 130: a scheduler sees no success). A second Ctrl+C stops at once, without saving. A signal
-    during validation takes effect after the next training step. SLURM's requeue signal stays Lightning's.
-
-    Not Lightning's handling: its SIGTERM handler ends the run with exit code 0 and nothing saved when the signal
-    lands during validation, and under DDP broadcasts from inside the handler, so that a rank the signal reached
-    alone hangs; SIGINT stops without saving. Under DDP the signal reaches the ranks one by one, or one alone, and
-    saving is collective: every `check_every_n_steps` batches the ranks all-reduce the highest signal received
-    (one scalar and a host read), and all stop at the same step. One process reads its own flag every batch.
-    """
-
-    def __init__(self, check_every_n_steps: int = 10) -> None:
-        if check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
-        self.check_every_n_steps = check_every_n_steps
-        self._received: int | None = None
-        self._previous: dict = {}
-        self._since_check = 0
-
-    def on_fit_start(self, trainer, pl_module) -> None:
-        if _run_checkpoint(trainer) is None:
-            raise ConfigError(
-                "GracefulStop saves last.ckpt through the run's checkpoint callback, and trainer.callbacks has none: "
-                "add project.callbacks.RunCheckpoint (configs/default.yaml lists it), or remove GracefulStop."
-            )
-        self._received, self._since_check = None, 0
-        if threading.current_thread() is threading.main_thread():  # where signal handlers can be installed
-            self._previous = {
-                sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
-            }
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        # Lightning installed its own SIGTERM handler after on_fit_start (calling ours from inside it): replaced.
-        if self._previous:
-            signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame) -> None:
-        if not self._previous:  # fit is over (Lightning restores the handlers it found, ours among them)
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        if self._received is not None and signum == signal.SIGINT:
-            self._restore()
-            raise KeyboardInterrupt  # second Ctrl+C: stop now
-        self._received = signum
-        if env_rank() == 0:
-            name = signal.Signals(signum).name
-            print(
-                f"\nReceived {name}: saving a checkpoint after this step, then exiting.",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self._since_check += 1
-        if not resumable_after(trainer, batch_idx):
-            return  # on an epoch's last batch, wait for the next epoch's first
-        if trainer.world_size > 1 and self._since_check < self.check_every_n_steps:
-            return  # every rank counts the same batches: they all reach the next check together
-        self._since_check, signum = 0, self._received or 0
-        if trainer.world_size > 1:
-            flag = torch.tensor([signum], device=trainer.strategy.root_device)
-            signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
-        if signum:
-            path = _run_checkpoint(trainer).write_last(trainer)
-            if trainer.is_global_zero:
-                print(
-                    f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            self._restore()  # the exception path skips teardown
-            raise SystemExit(128 + signum)
-
     def on_exception(self, trainer, pl_module, exception) -> None:
+        super().on_exception(trainer, pl_module, exception)
         self._restore()
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
@@ -293,10 +257,10 @@ class GracefulStop(Callback):
 class RNGState(Callback):
     """Python, NumPy, torch and CUDA random states in every checkpoint; a resumed fit continues the streams.
 
-    Lightning seeds the streams but saves none of them, so a resumed run would draw other augmentations and
-    dropout masks; its private `_collect_rng_states` gives NumPy's state as an ndarray, which weights_only loading
-    refuses (project/rng.py's states are plain types). Restored at on_train_start, not at load: the sanity check
-    in between draws from the global RNG, and an uninterrupted run has no such draw there.
+    Lightning seeds the streams but saves none, so a resumed run would draw other augmentations and dropout
+    masks; its private `_collect_rng_states` gives NumPy's state as an ndarray, which weights_only loading refuses
+    (project/rng.py's are plain types). Restored at on_train_start, not at load: the sanity check in between draws
+    from the global RNG, and an uninterrupted run has no such draw there.
     """
 
     def __init__(self) -> None:
@@ -317,10 +281,6 @@ class RNGState(Callback):
 def resumable_after(trainer, batch_idx: int) -> bool:
     """Whether a checkpoint written after this training batch resumes exactly: not after an epoch's last."""
     return batch_idx + 1 < trainer.num_training_batches
-
-
-def _run_checkpoint(trainer) -> RunCheckpoint | None:
-    return next((c for c in trainer.checkpoint_callbacks if isinstance(c, RunCheckpoint)), None)
 
 
 def staged(key: str, stage: str) -> str | None:
