@@ -7,6 +7,7 @@ matrix with class names (torchmetrics' plot; counts written up to 15 classes, cl
 `num_classes` (configs/autoencoder.yaml) gets the curves only. matplotlib is imported only when a report is drawn.
 """
 
+import math
 import textwrap
 from pathlib import Path
 
@@ -39,11 +40,6 @@ class RunReport(Callback):
         self.epochs: dict[int, dict[str, float]] = {}  # epoch -> {"train/loss": ..., ...}
         self.lrs: dict[int, list[float]] = {}  # global step -> the lr of each parameter group
         self.lr_names: list[str] = []  # each group's `name`, else pg<i> (LearningRateMonitor's tag suffix)
-        self._restored: dict = {
-            "epochs": {},
-            "lrs": {},
-            "lr_names": [],
-        }  # from a checkpoint: the run before it
         self.on_test_start(None, None)  # no test yet
 
     def _record(self, trainer, epoch: int, stage: str) -> None:
@@ -63,8 +59,7 @@ class RunReport(Callback):
             self._record(trainer, trainer.current_epoch, "val")
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        # The module logs train/* after the callbacks' on_train_epoch_end: read one hook later.
-        if trainer.current_epoch > 0:
+        if trainer.current_epoch > 0:  # the module logs train/* after the callbacks' on_train_epoch_end
             self._record(trainer, trainer.current_epoch - 1, "train")
 
     def on_fit_end(self, trainer, pl_module) -> None:
@@ -77,15 +72,10 @@ class RunReport(Callback):
         self.wrong: list[tuple[float, Tensor, int, int]] = []  # (confidence, image, predicted, true)
         self.images = True  # the test inputs are image batches: the wrong ones can be drawn
         # On the module's device: under DDP, compute() gathers every rank's counts.
-        self.confusion = (
-            MulticlassConfusionMatrix(pl_module.num_classes).to(pl_module.device)
-            if is_classifier(pl_module)
-            else None
-        )
+        classes = pl_module.num_classes if is_classifier(pl_module) else None
+        self.confusion = MulticlassConfusionMatrix(classes).to(pl_module.device) if classes else None
 
-    def on_test_batch_end(
-        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, *rest) -> None:
         if self.confusion is None:
             return
         x, y = batch
@@ -109,58 +99,35 @@ class RunReport(Callback):
         self._draw(trainer)
 
     def state_dict(self) -> dict:
-        # In checkpoints, so that a resumed fit or `python -m project test` alone draws the whole curves. The
-        # per-step rates as two tensors (NaN-padded where a group was added mid-run): as {step: [lr, ...]} every
-        # step was a few pickled objects at every save, some 1.5M for 500k steps.
-        history = self.history()
-        steps = sorted(history["lrs"])
-        width = max((len(history["lrs"][s]) for s in steps), default=0)
-        rows = [[*history["lrs"][s], *[float("nan")] * (width - len(history["lrs"][s]))] for s in steps]
-        values = torch.tensor(rows, dtype=torch.float64).reshape(len(steps), width)
-        lr_steps = torch.tensor(steps, dtype=torch.int64)
-        return {
-            "epochs": history["epochs"],
-            "lr_steps": lr_steps,
-            "lr_values": values,
-            "lr_names": history["lr_names"],
-        }
+        # In checkpoints: a resumed fit, or `python -m project test` alone, draws the whole run. The rates as two
+        # tensors (NaN-padded where a group was added mid-run): as {step: [lr, ...]} each step was a few pickled
+        # objects at every save, some 1.5M for 500k steps.
+        width = max(map(len, self.lrs.values()), default=0)
+        rows = [row + [math.nan] * (width - len(row)) for _, row in sorted(self.lrs.items())]
+        values = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), width)
+        steps = torch.tensor(sorted(self.lrs), dtype=torch.int64)
+        return {"epochs": self.epochs, "lr_steps": steps, "lr_values": values, "lr_names": self.lr_names}
 
     def load_state_dict(self, state: dict) -> None:
-        # Kept apart: restoring the best checkpoint for the test after fit must not drop the later epochs.
-        lrs = dict(state.get("lrs", {}))  # the mapping of checkpoints before lr_steps
+        # What this process recorded wins: restoring the best checkpoint for the test after fit keeps later epochs.
+        lrs = state.get("lrs", {})  # as checkpoints before lr_steps hold them
         if "lr_steps" in state:
             rows = state["lr_values"].tolist()
             if state["lr_values"].isnan().any():
                 rows = [[v for v in row if v == v] for row in rows]  # NaN != NaN: the padding
             lrs = dict(zip(state["lr_steps"].tolist(), rows, strict=True))
-        self._restored = {
-            "epochs": dict(state.get("epochs", {})),
-            "lrs": lrs,
-            "lr_names": list(state.get("lr_names", [])),
-        }
-
-    def history(self) -> dict:
-        """{"epochs": {epoch: {key: value}}, "lrs": {step: [lr per group]}, "lr_names": [...]}: what this process
-        recorded over what the checkpoint had."""
-        old = self._restored
-        return {
-            "epochs": {**old["epochs"], **self.epochs},
-            "lrs": {**old["lrs"], **self.lrs},
-            "lr_names": self.lr_names or old["lr_names"],
-        }
+        self.epochs, self.lrs = {**state.get("epochs", {}), **self.epochs}, {**lrs, **self.lrs}
+        self.lr_names = self.lr_names or list(state.get("lr_names", []))
 
     def _draw(self, trainer) -> None:
         if not trainer.is_global_zero or trainer.fast_dev_run:
             return
         from PIL import Image
 
-        history = self.history()
-        lrs = [history["lrs"][step] for step in sorted(history["lrs"])]
+        lrs = [rates for _, rates in sorted(self.lrs.items())]
         names = getattr(trainer.datamodule, "class_names", None)
         wrong, classifier = self.wrong if self.images else None, is_classifier(trainer.lightning_module)
-        image = render(
-            history["epochs"], lrs, self.matrix, wrong, names, self.dpi, history["lr_names"], classifier
-        )
+        image = render(self.epochs, lrs, self.matrix, wrong, names, self.dpi, self.lr_names, classifier)
         Path(trainer.default_root_dir).mkdir(parents=True, exist_ok=True)
         with atomic_write(Path(trainer.default_root_dir) / self.filename, "wb") as f:
             Image.fromarray(image).save(f, format="PNG")

@@ -1,9 +1,8 @@
-"""A run's checkpoints: RunCheckpoint writes all of them, at every trigger; RNGState adds the random streams."""
+"""RunCheckpoint: the run's one checkpoint writer, at every trigger, with every random stream in each checkpoint."""
 
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -12,39 +11,40 @@ from typing import Any
 from weakref import proxy
 
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
+from project.atomic import atomic_path
 from project.distributed import env_rank
 from project.errors import ConfigError
 from project.rng import capture_rng_states, restore_rng_states
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """The run's one checkpoint writer. best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode` at epoch
-    ends, unchanged. last.ckpt: this class's alone, at every epoch end, every `every_n_train_steps` optimizer
-    steps, every `train_time_interval` of training, and on SIGTERM or Ctrl+C: the step finishes, last.ckpt is
-    saved, the run exits with 128 + the signal number (143, 130: a scheduler sees no success). A second Ctrl+C
-    stops at once, unsaved. SLURM's requeue signal (SIGUSR1) stays Lightning's.
+    """The run's one checkpoint writer. best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode`,
+    unchanged. last.ckpt: at every epoch end, every `every_n_train_steps` optimizer steps, every
+    `train_time_interval` of training, and on SIGTERM / Ctrl+C, after which the run exits 143 / 130 (128 + the
+    signal: a scheduler sees no success); a second Ctrl+C stops at once, unsaved. SLURM's SIGUSR1 stays Lightning's.
 
-    Why not ModelCheckpoint's own last.ckpt and triggers, nor Lightning's signal handling (2.6):
-    - one trigger per instance, and each instance writes last.ckpt; with save_top_k: 1, it writes last.ckpt only
-      at epoch ends that wrote a new best file;
-    - a save after an epoch's last batch resumes by running that epoch again: step, time and signal saves wait
-      for the next batch (`resumable_after`); the epoch-end save follows;
-    - under DDP its time trigger broadcasts at every step, and its SIGTERM handler broadcasts from inside the
-      handler (a hang on a rank the signal reached alone); it ends the run with exit code 0 and nothing saved
-      when the signal lands in validation, and stops without saving on SIGINT. Here, a signal reaching the ranks
-      one by one or one alone, every `check_every_n_steps` batches one all-reduce carries the highest signal of
-      any rank and rank 0's clock, so that all ranks enter the (collective) save together;
-    - it keeps only the monitored value of each file: `best_model_metrics` are every val/* (or val_*) value of the
-      epoch of `best_model_path`, kept in this callback's state for a resumed run (summary.json's best_val_acc);
-    - it finds the monitored key missing only after an epoch. Here the first validation that logs (the sanity
-      check's, or epoch 0's) decides: other keys but not `monitor` stop the run naming them; no validation, or one
-      logging nothing, keeps last.ckpt only (`monitor` None), said once. A train* monitor is not checked.
+    Why not ModelCheckpoint's last.ckpt, triggers and Lightning's signal handling (2.6): each instance has one
+    trigger and writes last.ckpt, with save_top_k: 1 only at epoch ends with a new best file; a save after an
+    epoch's last batch resumes by running the epoch again (here such saves wait for the next batch, the epoch-end
+    save follows); under DDP the time trigger broadcasts at every step, and the SIGTERM handler broadcasts from
+    inside the handler (a rank the signal reached alone hangs) and ends the run with exit code 0, unsaved, when it
+    lands in validation; SIGINT stops without saving. Here, as a signal reaches the ranks one by one or one alone,
+    the ranks all-reduce the highest signal and rank 0's clock every `check_every_n_steps` batches, so that all
+    enter the (collective) save together. ModelCheckpoint keeps the monitored value of each file only:
+    `best_model_metrics` are all val/* (or val_*) values of the selected epoch, in this callback's state.
 
-    In an epoch with a new best file, last.ckpt is a hard link to it, made under a temporary name and renamed
-    over last.ckpt (atomic, unlike the symlink of `save_last: link`); where hard links fail it is written in full.
+    The first validation that logs (the sanity check's, or epoch 0's) is checked, not only the first epoch end:
+    other keys but not `monitor` stop the run naming them; no validation, or one logging nothing, keeps last.ckpt
+    only (`monitor` None), said once. A train* monitor is not checked. In an epoch with a new best file last.ckpt
+    is a hard link to it, made under a temporary name and renamed over last.ckpt (atomic, unlike the symlink of
+    `save_last: link`); where hard links fail it is written in full.
+
+    Every checkpoint also holds the Python, NumPy, torch and CUDA random states (project/rng.py: plain types, which
+    weights_only loading takes), restored at on_train_start: Lightning saves none, and a resumed run would draw
+    other augmentations and dropout masks. Not at load: the sanity check in between draws from the global RNG.
 
     Args:
         every_n_train_steps: also write last.ckpt every this many optimizer steps, mid-epoch (0 = off).
@@ -78,8 +78,8 @@ class RunCheckpoint(ModelCheckpoint):
         self.best_k_metrics: dict[str, dict[str, float]] = {}  # top-k file -> its epoch's val/* metrics
         self._selecting = None  # the trainer, while ModelCheckpoint may write a top-k file
         self._clock, self._last_step_saved, self._since_check = time.monotonic(), 0, 0
-        self._received: int | None = None  # the signal received
-        self._previous: dict = {}  # the signal handlers before this one's
+        self._received, self._previous = None, {}  # the signal received; the handlers before this one's
+        self._rng: dict | None = None  # the random states of the checkpoint resumed from
         self._unchecked = bool(monitor) and staged(monitor, "train") is None  # does validation log `monitor`?
         self._before_validation: set[str] = set()
         _ = self.state_key  # from the configured monitor, also once it is dropped: a resume finds this state
@@ -96,13 +96,14 @@ class RunCheckpoint(ModelCheckpoint):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._received, self._since_check = None, 0
-        if threading.current_thread() is threading.main_thread():  # where signal handlers can be installed
-            self._previous = {
-                sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
-            }
+        if threading.current_thread() is threading.main_thread():  # where handlers can be installed
+            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
+        if self._rng is not None:
+            restore_rng_states(self._rng)
+            self._rng = None
         self._clock = time.monotonic()
         if self._previous:  # Lightning installed its SIGTERM handler after on_fit_start, calling ours from it
             signal.signal(signal.SIGTERM, self._handle)
@@ -119,17 +120,13 @@ class RunCheckpoint(ModelCheckpoint):
             self._restore()
             raise KeyboardInterrupt  # second Ctrl+C: stop now
         else:
-            self._received = signum
+            self._received, name = signum, signal.Signals(signum).name
             if env_rank() == 0:
-                name = signal.Signals(signum).name
-                print(
-                    f"\nReceived {name}: saving a checkpoint after this step, then exiting.", file=sys.stderr
-                )
+                sys.stderr.write(f"\nReceived {name}: saving a checkpoint after this step, then exiting.\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self._since_check += (
-            1  # ModelCheckpoint's own hook is not called: it has no step or time trigger here
-        )
+        # ModelCheckpoint's own hook is not called: it has no step or time trigger here
+        self._since_check += 1
         if not resumable_after(trainer, batch_idx):
             return
         step, now, signum = trainer.global_step, time.monotonic(), 0
@@ -181,10 +178,7 @@ class RunCheckpoint(ModelCheckpoint):
     def _select_nothing(self, trainer, why: str) -> None:
         self.monitor, self.save_top_k, self._unchecked = None, 0, False
         if trainer.is_global_zero:
-            print(
-                f"No best-*.ckpt in this run: {why} to select one by; last.ckpt is written as usual.",
-                flush=True,
-            )
+            print(f"No best-*.ckpt in this run: {why} to select one by; last.ckpt is written as usual.")
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         best = self._select(super().on_train_epoch_end, trainer, pl_module)
@@ -212,34 +206,32 @@ class RunCheckpoint(ModelCheckpoint):
 
     @staticmethod
     def _link(trainer, source: str, target: str) -> bool:
-        done, tmp = True, ""
+        done = True
         if trainer.is_global_zero:
-            try:  # atomic_write's temporary name, which remove_stale clears when a kill left one behind
-                fd, tmp = tempfile.mkstemp(
-                    prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=os.path.dirname(target)
-                )
-                os.close(fd)
-                os.unlink(tmp)  # os.link needs a free name
-                os.link(source, tmp)
-                os.replace(tmp, target)
+            try:
+                with atomic_path(target) as tmp:  # its temporary name: remove_stale clears one a kill left
+                    tmp.unlink()  # os.link needs a free name
+                    os.link(source, tmp)
             except OSError:
                 done = False
-                if tmp and os.path.exists(tmp):
-                    os.unlink(tmp)
         return bool(trainer.strategy.broadcast(done))
 
     def state_dict(self) -> dict[str, Any]:
         if self._selecting is not None and self.best_k_models:
             # ModelCheckpoint is writing the top-k file it just added to best_k_models: its metrics go into it too.
+            newest = next(reversed(self.best_k_models))
             self.best_k_metrics = {p: m for p, m in self.best_k_metrics.items() if p in self.best_k_models}
-            self.best_k_metrics[next(reversed(self.best_k_models))] = stage_metrics(
-                self._selecting.callback_metrics, "val"
-            )
-        return {**super().state_dict(), "best_k_metrics": dict(self.best_k_metrics)}
+            self.best_k_metrics[newest] = stage_metrics(self._selecting.callback_metrics, "val")
+        # The random states as they are while the checkpoint is written.
+        return {
+            **super().state_dict(),
+            "best_k_metrics": dict(self.best_k_metrics),
+            "rng": capture_rng_states(),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        self.best_k_metrics = dict(state_dict.get("best_k_metrics", {}))
+        self.best_k_metrics, self._rng = dict(state_dict.get("best_k_metrics", {})), state_dict.get("rng")
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         super().on_exception(trainer, pl_module, exception)
@@ -252,30 +244,6 @@ class RunCheckpoint(ModelCheckpoint):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
-
-
-class RNGState(Callback):
-    """Python, NumPy, torch and CUDA random states in every checkpoint; a resumed fit continues the streams.
-
-    Lightning seeds the streams but saves none, so a resumed run would draw other augmentations and dropout
-    masks; its private `_collect_rng_states` gives NumPy's state as an ndarray, which weights_only loading refuses
-    (project/rng.py's are plain types). Restored at on_train_start, not at load: the sanity check in between draws
-    from the global RNG, and an uninterrupted run has no such draw there.
-    """
-
-    def __init__(self) -> None:
-        self._to_restore: dict | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return capture_rng_states()  # called while a checkpoint is written
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._to_restore = state_dict
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        if self._to_restore is not None:
-            restore_rng_states(self._to_restore)
-            self._to_restore = None
 
 
 def resumable_after(trainer, batch_idx: int) -> bool:
