@@ -27,9 +27,7 @@ def redact(value):
     if isinstance(value, Namespace):
         return Namespace(**redact(vars(value)))
     if isinstance(value, dict):
-        secret = {
-            k for k, v in value.items() if isinstance(k, str) and SECRET_KEY.search(k) and v is not None
-        }
+        secret = {k for k, v in value.items() if v is not None and SECRET_KEY.search(str(k))}
         return {k: REDACTED if k in secret else redact(v) for k, v in value.items()}
     return [redact(v) for v in value] if isinstance(value, list) else value
 
@@ -37,16 +35,12 @@ def redact(value):
 class LogConfig(SaveConfigCallback):
     """LightningCLI's config saver (its `save_config_callback`), without secrets and visible in the loggers.
 
-    At setup every logger gets config.yaml (read back as the parent class wrote it: a second dump would add to
-    every start) and the parameter counts. After test (or fit when no test follows: the CLI sets
-    `test_follows_fit`) the key hyperparameters (`key_hyperparameters`) go to TensorBoard's HPARAMS record with
-    the final metrics, `best/<monitor>` and `best/val_acc` (summary.json's best_score and best_val_acc) and every
-    test/* (or test_*) metric, and to W&B's config; `best/*` are logged as scalars and into the W&B run's summary.
-    The test metrics are logged at the last training step, not at an `epoch` Lightning would add (max_epochs).
-
-    The HPARAMS record is written as TensorBoardLogger.log_hyperparams(params, metrics) writes it, but not through
-    it: that call logs every metric again as a scalar, and test/* would appear twice. TensorBoard keeps the first
-    record of a run only: it is written once, and a resumed run keeps its first session's.
+    At setup every logger gets config.yaml (read back: a second dump would add to every start) and the parameter
+    counts. After test (or fit when no test follows, `test_follows_fit`) `key_hyperparameters` go to W&B's config
+    and TensorBoard's HPARAMS record, with the final metrics: `best/<monitor>`, `best/val_acc` (summary.json's
+    best_score, best_val_acc; also scalars, and the W&B run's summary) and every test/* (or test_*) metric, logged
+    at the last training step. The record is TensorBoardLogger.log_hyperparams(params, metrics)'s, not written
+    through it: that call logs every metric again, test/* twice. TensorBoard keeps a run's first record only.
     """
 
     test_follows_fit = False
@@ -59,18 +53,11 @@ class LogConfig(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
-        params = list(pl_module.parameters())
-        hparams = {
-            "config": yaml.safe_load(
-                self._path.read_text()
-            ),  # as in config.yaml: plain values for every logger
-            "params": {
-                "total": sum(p.numel() for p in params),
-                "trainable": sum(p.numel() for p in params if p.requires_grad),
-            },
-        }
+        config = yaml.safe_load(self._path.read_text())  # as in config.yaml: plain values for every logger
+        sizes = [(p.numel(), p.requires_grad) for p in pl_module.parameters()]
+        params = {"total": sum(n for n, _ in sizes), "trainable": sum(n for n, trained in sizes if trained)}
         for logger in trainer.loggers:
-            logger.log_hyperparams(hparams)
+            logger.log_hyperparams({"config": config, "params": params})
 
     def on_fit_end(self, trainer, pl_module) -> None:
         best, self._best = selected(trainer), {}
@@ -115,7 +102,7 @@ class LogConfig(SaveConfigCallback):
                 self._default_config = redact(yaml.safe_load(dump))
             except Exception as err:  # a finished run must not fail over a column of the HPARAMS table
                 rank_zero_warn(
-                    f"HPARAMS: the default config could not be read ({err}); no changed keys are listed."
+                    f"HPARAMS: no changed keys listed, the default config could not be read ({err})."
                 )
                 self._default_config = {}
         return self._default_config
@@ -155,11 +142,9 @@ def key_hyperparameters(config: dict, defaults: dict, trainer, pl_module) -> dic
     }
     shown = {lr_key, "data.init_args.batch_size", "seed_everything", "model.init_args.model.class_path"}
     shown |= {f"trainer.{k}" for k in ("max_epochs", "precision", "devices", "num_nodes")}
-    changed = {  # keys only in the defaults (a value replaced by a mapping, a list cut) are not listed
-        k: v
-        for k, v in flat.items()
-        if k not in shown and not LOCATION_KEY.search(k) and v != flat_defaults.get(k)
-    }
+    # Keys only in the defaults (a value replaced by a mapping, a list cut) are not listed.
+    changed = {k: v for k, v in flat.items() if v != flat_defaults.get(k) and k not in shown}
+    changed = {k: v for k, v in changed.items() if not LOCATION_KEY.search(k)}
     return {k: _plain(v) for k, v in {**key, **(changed if defaults else {})}.items()}
 
 
@@ -167,12 +152,10 @@ def flatten(node, prefix: str = "") -> dict:
     """{"a": {"b": [1, {"c": 2}]}} -> {"a.b.0": 1, "a.b.1.c": 2}; empty dicts and lists stay values."""
     if not node or not isinstance(node, dict | list):
         return {prefix: node} if prefix else {}
-    pairs = node.items() if isinstance(node, dict) else enumerate(node)
-    return {
-        k: v
-        for key, value in pairs
-        for k, v in flatten(value, f"{prefix}.{key}" if prefix else str(key)).items()
-    }
+    flat = {}
+    for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
 
 
 def _plain(value):

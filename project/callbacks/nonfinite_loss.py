@@ -63,8 +63,7 @@ class NonFiniteLossGuard(Callback):
         if self._found is None:
             return
         if self._ddp:  # non-finite gradients, though every loss was finite
-            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            if grads:
+            if grads := [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]:
                 self._raise_flag(torch.nn.utils.get_total_norm(grads), self._slots[len(self._where) - 1][1])
         if getattr(optimizer, "found_inf", None) is self._found:
             return  # set at this optimizer's first step of the fit
@@ -99,9 +98,7 @@ class NonFiniteLossGuard(Callback):
         if trainer.world_size > 1:
             flag = torch.tensor([encoded], device=trainer.strategy.root_device)
             encoded = int(trainer.strategy.reduce(flag, reduce_op="max").item())
-        if (
-            not encoded
-        ):  # each check follows the current batch's backward: a new window from the next batch on
+        if not encoded:  # each check follows a batch's backward: the next batch starts a new window
             self._where = []
             return
         first, kind = len(self._where) - encoded // 4, encoded % 4

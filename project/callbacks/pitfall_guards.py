@@ -23,80 +23,78 @@ class PitfallGuards(Callback):
     """
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        # One warning per finding: a bad batch reaches every module on its way; pre-hooks fire outermost first,
-        # forward hooks innermost first: the module named is the one it enters, or the one applying a softmax.
-        self._findings, self._before, self._handles = set(), {}, []
+        self._found, self._before, self._handles = set(), {}, []
         for name, module in pl_module.named_modules():
             for attr, value in vars(module).items():
-                if attr.startswith("_") or not isinstance(value, dict | list | tuple):
-                    continue
-                if any(
-                    isinstance(v, nn.Module) for v in (value.values() if isinstance(value, dict) else value)
-                ):
-                    _warn(
+                layers = value.values() if isinstance(value, dict) else value
+                plain = isinstance(value, dict | list | tuple) and not attr.startswith("_")
+                if plain and any(isinstance(v, nn.Module) for v in layers):
+                    self._warn(
+                        f"{name}.{attr}",
                         f"{type(module).__name__} '{name or 'model'}' keeps layers in a plain Python "
                         f"{type(value).__name__} '{attr}': their parameters are not registered, so they are neither "
-                        "trained nor saved. Use nn.ModuleList / nn.ModuleDict instead."
+                        "trained nor saved. Use nn.ModuleList / nn.ModuleDict instead.",
                     )
             name = name or type(module).__name__
             self._handles.append(module.register_forward_pre_hook(self._input_check(name), with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._output_check(name)))
+
+    def _warn(self, finding: str, message: str) -> None:
+        # One warning per finding: a bad batch reaches every module on its way; pre-hooks fire outermost first,
+        # forward hooks innermost first: the module named is the one it enters, or the one applying a softmax.
+        if finding not in self._found:
+            self._found.add(finding)
+            warnings.warn(message, PitfallWarning, stacklevel=3)
 
     def _input_check(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             param = next(module.parameters(recurse=False), None)
             for i, x in _tensors({**dict(enumerate(args)), **kwargs}):
                 where = f"Input {i} of '{name}' ({type(module).__name__}) is"
-                if x.dtype == torch.float64 and self._first("float64"):
-                    _warn(
+                if x.dtype == torch.float64:
+                    self._warn(
+                        "float64",
                         f"{where} float64: twice the memory and a slow path. Convert the data to float32 "
-                        "(tensor.float()) in the dataset."
+                        "(tensor.float()) in the dataset.",
                     )
-                if param is not None and x.device != param.device and self._first("device"):
-                    _warn(
+                if param is not None and x.device != param.device:
+                    self._warn(
+                        "device",
                         f"{where} on {x.device} but its parameters are on {param.device}. Create tensors with "
-                        "device=self.device or move the batch before use."
+                        "device=self.device or move the batch before use.",
                     )
 
         return hook
 
     def _output_check(self, name: str):
         def hook(module: nn.Module, args: tuple, out) -> None:
-            if not (
-                isinstance(out, Tensor) and out.is_floating_point() and out.ndim == 2 and out.shape[1] > 1
-            ):
+            if "softmax" in self._found or not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2:
                 return
-            out = out.detach().float()
-            ones = torch.ones_like(out[:, 0])
-            probabilities = bool(((out >= 0) & (out <= 1)).all()) and torch.allclose(
-                out.sum(1), ones, atol=1e-3
-            )
-            if probabilities and self._first("probabilities"):
-                _warn(
+            floating, out = out.is_floating_point(), out.detach().float()
+            in_unit = floating and bool(((out >= 0) & (out <= 1)).all())
+            if in_unit and torch.allclose(out.sum(1), out.new_ones(len(out)), atol=1e-3):
+                self._warn(
+                    "softmax",
                     f"The outputs of '{name}' ({type(module).__name__}) are probabilities (each row is in [0, 1] and "
                     "sums to 1): CrossEntropyLoss expects raw logits and applies log-softmax itself. Remove the "
-                    "final softmax from the model (apply it only in predict)."
+                    "final softmax from the model (apply it only in predict).",
                 )
 
         return hook
 
-    def _first(self, finding: str) -> bool:
-        new = finding not in self._findings
-        self._findings.add(finding)
-        return new
-
     def on_after_backward(self, trainer, pl_module) -> None:
-        self._remove_hooks()
-        unused = [n for n, p in pl_module.named_parameters() if p.requires_grad and p.grad is None]
-        if unused and self._first("unused"):
-            _warn(
+        self.teardown(trainer, pl_module, "fit")  # the module hooks go
+        if unused := [n for n, p in pl_module.named_parameters() if p.requires_grad and p.grad is None]:
+            self._warn(
+                "no gradient",
                 f"{len(unused)} parameters got no gradient in the first backward: {', '.join(unused[:5])}. The "
-                "layer or branch is not used in forward (or its output is detached); remove it, or use it."
+                "layer or branch is not used in forward (or its output is detached); remove it, or use it.",
             )
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        # fp16 AMP skips steps whose gradients overflow while its loss scale calibrates: not a bug.
-        if str(trainer.precision) != "16-mixed":
+        if (
+            str(trainer.precision) != "16-mixed"
+        ):  # fp16 AMP skips overflowing steps while it calibrates: no bug
             self._before = {
                 n: p.detach().clone()
                 for n, p in pl_module.named_parameters()
@@ -104,22 +102,19 @@ class PitfallGuards(Callback):
             }
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self._remove_hooks()
+        self.teardown(trainer, pl_module, "fit")
         params = dict(pl_module.named_parameters())
-        frozen = [n for n, before in self._before.items() if torch.equal(params[n].detach(), before)]
-        if frozen:
-            _warn(
+        if frozen := [n for n, before in self._before.items() if torch.equal(params[n].detach(), before)]:
+            self._warn(
+                "unchanged",
                 f"{len(frozen)} parameters have gradients but did not change in the first optimizer step: "
                 f"{', '.join(frozen[:5])}. They are probably missing from the optimizer (configure_optimizers) "
-                "or their learning rate is 0."
+                "or their learning rate is 0.",
             )
         self._before = {}
         trainer.callbacks = [c for c in trainer.callbacks if c is not self]
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        self._remove_hooks()
-
-    def _remove_hooks(self) -> None:
         for handle in getattr(self, "_handles", []):
             handle.remove()
         self._handles = []
@@ -133,7 +128,3 @@ def _tensors(inputs, prefix: str = ""):
             yield f"{prefix}{key}", value
         elif isinstance(value, dict | list | tuple):
             yield from _tensors(value, f"{prefix}{key}.")
-
-
-def _warn(message: str) -> None:
-    warnings.warn(message, PitfallWarning, stacklevel=2)

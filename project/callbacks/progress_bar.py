@@ -37,10 +37,7 @@ class ProgressBar(RichProgressBar):
     def __init__(self, min_interval: float = 0.5, leave: bool = False, **kwargs) -> None:
         super().__init__(leave=leave, **kwargs)
         self.min_interval, self._last_draw, self._streams = min_interval, 0.0, {}
-        self._epoch_seconds: list[float] = []  # start to start, of each whole epoch of this session
-        self._epoch_start: float | None = None
-        self._first_batch: int | None = None  # of the current epoch: > 0 when resumed mid-epoch
-        self._batches_done, self._fit_done = 0, False
+        self._started, self._batches, self._in_epoch, self._fit_done = 0.0, 0, 0, False  # this session's
 
     def configure_columns(self, trainer) -> list:
         speed = AverageSpeedColumn(self.theme.processing_speed)
@@ -71,14 +68,11 @@ class ProgressBar(RichProgressBar):
             handler.setStream(stream)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._epoch_seconds, self._epoch_start, self._fit_done = [], None, False
+        self._started, self._batches, self._fit_done = time.monotonic(), 0, False
         super().on_train_start(trainer, pl_module)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        now = time.monotonic()
-        if self._epoch_start is not None and self._first_batch == 0:  # a whole epoch, its validation included
-            self._epoch_seconds.append(now - self._epoch_start)
-        self._epoch_start, self._first_batch, self._batches_done = now, None, 0
+        self._in_epoch = 0
         super().on_train_epoch_start(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -86,31 +80,21 @@ class ProgressBar(RichProgressBar):
         super().on_train_end(trainer, pl_module)
 
     def run_seconds_left(self, trainer) -> float | None:
-        """Seconds until fit ends; None before anything is measured, or without any limit.
-
-        An epoch's time is the mean of this session's whole epochs, start to start (validation and checkpoints
-        included), or before the first ends, of its training batches. Left: the rest of this epoch and the
-        epochs to max_epochs; if fewer, the steps to max_steps; at most what max_time (Timer) leaves.
-        """
-        if self._fit_done or self._epoch_start is None:
-            return 0.0 if self._fit_done else None
-        elapsed, total = time.monotonic() - self._epoch_start, self.total_train_batches
-        counted = math.isfinite(total) and total > 0
-        done = self._batches_done - (self._first_batch or 0)
-        per_epoch = sum(self._epoch_seconds) / len(self._epoch_seconds) if self._epoch_seconds else None
-        if per_epoch is None and done > 0 and counted:
-            per_epoch = elapsed / done * total  # training only: no validation measured yet
+        """Seconds until fit ends at this session's pace (seconds per training batch since training started:
+        validation and checkpoints included once an epoch ended), by max_epochs, max_steps or max_time (Timer),
+        whichever comes first; None before the first batch, or without any limit."""
+        if self._fit_done:
+            return 0.0
+        total = self.total_train_batches
         left = [c.time_remaining("train") for c in trainer.callbacks if isinstance(c, Timer)]
-        if per_epoch is not None:
-            if self._first_batch:  # resumed mid-epoch: the rest of it
-                this_epoch = (1 - (self._batches_done / total if counted else 0.0)) * per_epoch
-            else:
-                this_epoch = max(per_epoch - elapsed, 0.0)
+        if self._batches and math.isfinite(total):
+            pace = (time.monotonic() - self._started) / self._batches
             if trainer.max_epochs is not None and trainer.max_epochs >= 0:
-                left.append(this_epoch + (trainer.max_epochs - trainer.current_epoch - 1) * per_epoch)
-            if trainer.max_steps is not None and trainer.max_steps >= 0 and counted:
-                steps_per_epoch = math.ceil(total / trainer.accumulate_grad_batches)
-                left.append((trainer.max_steps - trainer.global_step) / steps_per_epoch * per_epoch)
+                left.append(((trainer.max_epochs - trainer.current_epoch) * total - self._in_epoch) * pace)
+            if trainer.max_steps is not None and trainer.max_steps >= 0:
+                left.append(
+                    (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches * pace
+                )
         left = [s for s in left if s is not None]
         return max(min(left), 0.0) if left else None
 
@@ -125,8 +109,7 @@ class ProgressBar(RichProgressBar):
         return True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self._first_batch = batch_idx if self._first_batch is None else self._first_batch
-        self._batches_done = batch_idx + 1
+        self._batches, self._in_epoch = self._batches + 1, batch_idx + 1
         if self._due(batch_idx, "total_train_batches"):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 

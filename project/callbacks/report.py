@@ -152,9 +152,7 @@ def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, 
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
-def report_figure(
-    epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier: bool = True
-):
+def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier=True):
     """The report's Figure. `fig.subfigs[0]` holds the loss, accuracy and learning-rate axes, `fig.subfigs[1]`'s
     subfigures the confusion matrix (None: after test) and one axes per wrong image (captioned by its title;
     `wrong` None: the test inputs were not images). Not a classifier: the top row only."""
@@ -167,12 +165,9 @@ def report_figure(
     ax_loss, ax_acc, ax_lr = top.subplots(1, 3)
     for ax, metric in ((ax_loss, "loss"), (ax_acc, "acc")):
         for split in ("train", "val"):
-            if pts := [
-                (e, epochs[e][f"{split}/{metric}"])
-                for e in sorted(epochs)
-                if f"{split}/{metric}" in epochs[e]
-            ]:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=split)
+            key = f"{split}/{metric}"
+            if points := [(e, epochs[e][key]) for e in sorted(epochs) if key in epochs[e]]:
+                ax.plot(*zip(*points, strict=True), marker="o", label=split)
         ax.set(title=f"{metric} per epoch", xlabel="epoch")
         if ax.lines:
             ax.legend()
@@ -181,11 +176,8 @@ def report_figure(
             ax.text(0.5, 0.5, said, ha="center", transform=ax.transAxes)
     if lrs:  # one line per distinct series, labelled with the names of the groups that share it
         series = list(zip(*lrs, strict=True))
-        names = (
-            lr_names
-            if lr_names and len(lr_names) == len(series)
-            else [f"pg{g + 1}" for g in range(len(series))]
-        )
+        names = lr_names if lr_names and len(lr_names) == len(series) else None
+        names = names or [f"pg{g + 1}" for g in range(len(series))]
         lines: dict[tuple, list[str]] = {}
         for name, values in zip(names, series, strict=True):
             lines.setdefault(tuple(values), []).append(name)
@@ -205,14 +197,10 @@ def _confusion(ax, confusion, class_names) -> None:
         ax.set_axis_off()
         ax.text(0.5, 0.5, "confusion matrix: after test", ha="center")
         return
-    n, many = (
-        confusion.shape[0],
-        confusion.shape[0] > 30,
-    )  # 100 names on a 5-inch axis overlap: indices instead
+    n = confusion.shape[0]
+    many = n > 30  # 100 names on a 5-inch axis overlap: class indices instead
     names = list(class_names) if class_names and len(class_names) == n else [str(i) for i in range(n)]
-    MulticlassConfusionMatrix(num_classes=n).plot(
-        val=confusion, ax=ax, labels=names, add_text=n <= 15, cmap="Blues"
-    )
+    MulticlassConfusionMatrix(n).plot(val=confusion, ax=ax, labels=names, add_text=n <= 15, cmap="Blues")
     if many:
         ax.set_xticks(range(0, n, 10), [str(i) for i in range(0, n, 10)], rotation=0)
         ax.set_yticks(range(0, n, 10), [str(i) for i in range(0, n, 10)])
@@ -234,32 +222,25 @@ CAPTION_PT, PANEL_IN, PANEL_HEIGHT_IN, CAPTION_IN = 8.0, 7.5, 4.6, 0.3
 def grid_shape(count: int) -> tuple[int, int]:
     """(rows, columns) that draw `count` images largest in the panel: 16 images go in 3 x 6."""
 
-    def side(columns: int) -> float:
-        return min(PANEL_IN / columns, PANEL_HEIGHT_IN / -(-count // columns) - CAPTION_IN)
-
-    columns = max(range(1, count + 1), key=side)  # the first best: the fewest columns
+    # max() keeps the first best: the fewest columns
+    columns = max(
+        range(1, count + 1), key=lambda c: min(PANEL_IN / c, PANEL_HEIGHT_IN / -(-count // c) - CAPTION_IN)
+    )
     return -(-count // columns), columns
 
 
 def _wrong_grid(subfig, wrong, class_names) -> None:
     """One axes per image, its caption the axes' title: constrained layout keeps every caption clear of every
     image, whatever the image size, number or class names, and small images are drawn as large as big ones."""
-    if wrong is None:
-        subfig.suptitle("wrong test examples: not drawn (the inputs are not images)")
+    if not wrong:  # None: the test inputs were not images
+        none = "wrong test examples: not drawn (the inputs are not images)"
+        subfig.suptitle(none if wrong is None else "no wrong test images")
         return
-    subfig.suptitle(
-        "most confidently wrong test images: predicted / true (confidence)"
-        if wrong
-        else "no wrong test images"
-    )
-    if not wrong:
-        return
+    subfig.suptitle("most confidently wrong test images: predicted / true (confidence)")
     rows, columns = grid_shape(len(wrong))
     axes = subfig.subplots(rows, columns, squeeze=False).flatten()
     name = (lambda i: class_names[i]) if class_names else str
-    chars = max(
-        8, int(PANEL_IN * 72 / columns / (0.7 * CAPTION_PT))
-    )  # a column's width, <= 0.7 em a character
+    chars = max(8, int(PANEL_IN * 72 / columns / (0.7 * CAPTION_PT)))  # a column's width at <= 0.7 em each
     for ax, (conf, img, pred, true) in zip(axes, wrong, strict=False):
         img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)  # (C, H, W) to [0, 1]
         if img.shape[0] == 1:
