@@ -86,26 +86,22 @@ class LogConfig(SaveConfigCallback):
         path = getattr(self, "_path", None)
         if not trainer.is_global_zero or path is None or not path.is_file():
             return
-        params = key_hyperparameters(yaml.safe_load(path.read_text()), self._defaults(), trainer, pl_module)
+        try:  # configs/default.yaml's config as config.yaml holds it; unvalidated: this parser has the links of
+            # its own module class only (configs/autoencoder.yaml)
+            parser = self.parser
+            dump = parser.dump(
+                parser.get_defaults(skip_validation=True), skip_none=False, skip_validation=True
+            )
+            defaults = redact(yaml.safe_load(dump))
+        except Exception as err:  # a finished run must not fail over a column of the HPARAMS table
+            rank_zero_warn(f"HPARAMS: no changed keys listed, the default config could not be read ({err}).")
+            defaults = {}
+        params = key_hyperparameters(yaml.safe_load(path.read_text()), defaults, trainer, pl_module)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 _write_hparams(logger.experiment, params, metrics, trainer.global_step)
             elif isinstance(logger, WandbLogger):
                 logger.log_hyperparams(params)
-
-    def _defaults(self) -> dict:
-        """configs/default.yaml's config, dumped as config.yaml is; {} (no changed keys) if it cannot be read."""
-        if getattr(self, "_default_config", None) is None:
-            try:  # unvalidated: this parser has the links of its own module class only (configs/autoencoder.yaml)
-                defaults = self.parser.get_defaults(skip_validation=True)
-                dump = self.parser.dump(defaults, skip_none=False, skip_validation=True)
-                self._default_config = redact(yaml.safe_load(dump))
-            except Exception as err:  # a finished run must not fail over a column of the HPARAMS table
-                rank_zero_warn(
-                    f"HPARAMS: no changed keys listed, the default config could not be read ({err})."
-                )
-                self._default_config = {}
-        return self._default_config
 
 
 def _write_hparams(experiment, params: dict, metrics: dict, step: int) -> None:

@@ -19,19 +19,18 @@ class NonFiniteLossError(ConfigError):
 
 class NonFiniteLossGuard(Callback):
     """From the first non-finite loss on, skips every optimizer step on the device, and stops the run naming that
-    batch at the next point where the host reads anyway: no device-to-host sync in the steady-state step (a
-    `loss.item()` per step stalls a GPU's launch queue). Lightning's `detect_anomaly=True` costs several times the
-    step; EarlyStopping(check_finite=True) reads a logged metric after the NaN step has moved the weights.
+    batch where the host reads anyway: no device-to-host sync per step (a `loss.item()` stalls a GPU's launch
+    queue). Lightning's `detect_anomaly` costs several times the step; EarlyStopping(check_finite=True) reads a
+    logged metric after the NaN step has moved the weights.
 
     Per step, on the device: the loss goes into this window's slot, and a sticky flag `found` turns 1.0 at the
     first non-finite value (under DDP non-finite gradients raise it too: they are the same on every rank). Fused
-    optimizers (torch's fused AdamW/Adam/SGD) get `optimizer.found_inf = found`, GradScaler's flag: their kernel
-    then leaves parameters, moments and step count untouched. Any other optimizer, or a 16-mixed run (GradScaler
-    sets found_inf itself), reads the flag on the host before each step: zeroed gradients would not skip AdamW's
-    momentum and weight decay. The window is read after each epoch's last batch, every `check_every_n_steps`
-    batches, before every checkpoint is written and at the end of training; under DDP the ranks all-reduce it
-    there, so that all stop at the same point. Not checked: `save_weights_only` checkpoints mid-epoch (no hook
-    runs), BatchNorm statistics updated by the forward passes of skipped batches.
+    optimizers (torch's fused AdamW/Adam/SGD) get it as `optimizer.found_inf`, GradScaler's flag: their kernel then
+    leaves parameters, moments and step count untouched. Others, and 16-mixed runs (GradScaler sets found_inf),
+    read the flag on the host before each step: zeroed gradients would not stop AdamW's momentum and weight decay.
+    The window is read after each epoch's last batch, every `check_every_n_steps` batches, before each checkpoint
+    is written and at the end of training, all-reduced under DDP so that all ranks stop at the same point. Not
+    checked: mid-epoch `save_weights_only` checkpoints (no hook runs); BatchNorm statistics of skipped batches.
     """
 
     def __init__(self, check_every_n_steps: int = 100) -> None:

@@ -1,6 +1,7 @@
 """PitfallGuards: one warning for each classic silent training bug, looked for at the first step only."""
 
 import warnings
+from functools import partial
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -36,8 +37,10 @@ class PitfallGuards(Callback):
                         "trained nor saved. Use nn.ModuleList / nn.ModuleDict instead.",
                     )
             name = name or type(module).__name__
-            self._handles.append(module.register_forward_pre_hook(self._input_check(name), with_kwargs=True))
-            self._handles.append(module.register_forward_hook(self._output_check(name)))
+            self._handles.append(
+                module.register_forward_pre_hook(partial(self._inputs, name), with_kwargs=True)
+            )
+            self._handles.append(module.register_forward_hook(partial(self._outputs, name)))
 
     def _warn(self, finding: str, message: str) -> None:
         # One warning per finding: a bad batch reaches every module on its way; pre-hooks fire outermost first,
@@ -46,41 +49,35 @@ class PitfallGuards(Callback):
             self._found.add(finding)
             warnings.warn(message, PitfallWarning, stacklevel=3)
 
-    def _input_check(self, name: str):
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            param = next(module.parameters(recurse=False), None)
-            for i, x in _tensors({**dict(enumerate(args)), **kwargs}):
-                where = f"Input {i} of '{name}' ({type(module).__name__}) is"
-                if x.dtype == torch.float64:
-                    self._warn(
-                        "float64",
-                        f"{where} float64: twice the memory and a slow path. Convert the data to float32 "
-                        "(tensor.float()) in the dataset.",
-                    )
-                if param is not None and x.device != param.device:
-                    self._warn(
-                        "device",
-                        f"{where} on {x.device} but its parameters are on {param.device}. Create tensors with "
-                        "device=self.device or move the batch before use.",
-                    )
-
-        return hook
-
-    def _output_check(self, name: str):
-        def hook(module: nn.Module, args: tuple, out) -> None:
-            if "softmax" in self._found or not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2:
-                return
-            floating, out = out.is_floating_point(), out.detach().float()
-            in_unit = floating and bool(((out >= 0) & (out <= 1)).all())
-            if in_unit and torch.allclose(out.sum(1), out.new_ones(len(out)), atol=1e-3):
+    def _inputs(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        param = next(module.parameters(recurse=False), None)
+        for i, x in _tensors({**dict(enumerate(args)), **kwargs}):
+            where = f"Input {i} of '{name}' ({type(module).__name__}) is"
+            if x.dtype == torch.float64:
                 self._warn(
-                    "softmax",
-                    f"The outputs of '{name}' ({type(module).__name__}) are probabilities (each row is in [0, 1] and "
-                    "sums to 1): CrossEntropyLoss expects raw logits and applies log-softmax itself. Remove the "
-                    "final softmax from the model (apply it only in predict).",
+                    "float64",
+                    f"{where} float64: twice the memory and a slow path. Convert the data to float32 "
+                    "(tensor.float()) in the dataset.",
+                )
+            if param is not None and x.device != param.device:
+                self._warn(
+                    "device",
+                    f"{where} on {x.device} but its parameters are on {param.device}. Create tensors with "
+                    "device=self.device or move the batch before use.",
                 )
 
-        return hook
+    def _outputs(self, name: str, module: nn.Module, args: tuple, out) -> None:
+        if "softmax" in self._found or not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2:
+            return
+        floating, out = out.is_floating_point(), out.detach().float()
+        in_unit = floating and bool(((out >= 0) & (out <= 1)).all())
+        if in_unit and torch.allclose(out.sum(1), out.new_ones(len(out)), atol=1e-3):
+            self._warn(
+                "softmax",
+                f"The outputs of '{name}' ({type(module).__name__}) are probabilities (each row is in [0, 1] and "
+                "sums to 1): CrossEntropyLoss expects raw logits and applies log-softmax itself. Remove the final "
+                "softmax from the model (apply it only in predict).",
+            )
 
     def on_after_backward(self, trainer, pl_module) -> None:
         self.teardown(trainer, pl_module, "fit")  # the module hooks go

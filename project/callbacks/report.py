@@ -1,11 +1,6 @@
-"""RunReport: `<run dir>/report.png` after test (or after fit when no test follows), also logged as an image.
-
-Panels: train/val loss and accuracy per epoch; the learning rate of every parameter group per step (labelled by
-the groups' `name`, as LearningRateMonitor tags them; groups at equal rates share a line); the test confusion
-matrix with class names (torchmetrics' plot; counts written up to 15 classes, class indices instead of names above
-30); the most confidently wrong test images, for image batches (B, C, H, W). A module without an int
-`num_classes` (configs/autoencoder.yaml) gets the curves only. matplotlib is imported only when a report is drawn.
-"""
+"""RunReport: `<run dir>/report.png` (docs/recipes.md "Run report") after test, or after fit when no test follows,
+also logged as an image. A module without an int `num_classes` gets the curves only. matplotlib is imported only
+when a report is drawn."""
 
 import math
 import textwrap
@@ -24,13 +19,7 @@ CURVES = ("train/loss", "val/loss", "train/acc", "val/acc")
 
 
 class RunReport(Callback):
-    """Draws the run report.
-
-    Args:
-        filename: file name inside the run directory.
-        num_wrong: how many confidently wrong test images to show.
-        dpi: resolution; the figure is 15 x 10 inches.
-    """
+    """Args: filename (in the run directory), num_wrong (test images shown), dpi (of a 15 x 10 inch figure)."""
 
     def __init__(self, filename: str = "report.png", num_wrong: int = 16, dpi: int = 80) -> None:
         self.filename, self.num_wrong, self.dpi = filename, num_wrong, dpi

@@ -21,30 +21,23 @@ from project.rng import capture_rng_states, restore_rng_states
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """The run's one checkpoint writer. best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode`,
-    unchanged. last.ckpt: at every epoch end, every `every_n_train_steps` optimizer steps, every
-    `train_time_interval` of training, and on SIGTERM / Ctrl+C, after which the run exits 143 / 130 (128 + the
-    signal: a scheduler sees no success); a second Ctrl+C stops at once, unsaved. SLURM's SIGUSR1 stays Lightning's.
+    """best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode`, unchanged. last.ckpt: at every epoch end,
+    every `every_n_train_steps` optimizer steps, every `train_time_interval` of training, and on SIGTERM / Ctrl+C,
+    after which the run exits 143 / 130 (128 + the signal: a scheduler sees no success); a second Ctrl+C stops at
+    once, unsaved. Every checkpoint holds the random states (project/rng.py; Lightning saves none), restored at
+    on_train_start: the sanity check after loading draws from them, an uninterrupted run does not.
 
-    Why not ModelCheckpoint's last.ckpt, triggers and Lightning's signal handling (2.6): each instance has one
-    trigger and writes last.ckpt, with save_top_k: 1 only at epoch ends with a new best file; a save after an
-    epoch's last batch resumes by running the epoch again (here such saves wait for the next batch, the epoch-end
-    save follows); under DDP the time trigger broadcasts at every step, and the SIGTERM handler broadcasts from
-    inside the handler (a rank the signal reached alone hangs) and ends the run with exit code 0, unsaved, when it
-    lands in validation; SIGINT stops without saving. Here, as a signal reaches the ranks one by one or one alone,
-    the ranks all-reduce the highest signal and rank 0's clock every `check_every_n_steps` batches, so that all
-    enter the (collective) save together. ModelCheckpoint keeps the monitored value of each file only:
-    `best_model_metrics` are all val/* (or val_*) values of the selected epoch, in this callback's state.
+    Why not ModelCheckpoint's last.ckpt and triggers, nor Lightning's signal handling (2.6): one trigger per
+    instance, each writing last.ckpt, and with save_top_k: 1 last.ckpt only at epoch ends with a new best file; a
+    save after an epoch's last batch resumes by running that epoch again (here such saves wait for the next batch);
+    under DDP the time trigger broadcasts every step, and the SIGTERM handler broadcasts from inside the handler (a
+    rank the signal reached alone hangs) and in validation ends the run with exit code 0, unsaved. Here the ranks
+    all-reduce the highest signal received and rank 0's clock every `check_every_n_steps` batches, then save
+    together. `best_model_metrics` are every val/* (or val_*) value of the selected epoch, not only the monitored.
 
-    The first validation that logs (the sanity check's, or epoch 0's) is checked, not only the first epoch end:
-    other keys but not `monitor` stop the run naming them; no validation, or one logging nothing, keeps last.ckpt
-    only (`monitor` None), said once. A train* monitor is not checked. In an epoch with a new best file last.ckpt
-    is a hard link to it, made under a temporary name and renamed over last.ckpt (atomic, unlike the symlink of
-    `save_last: link`); where hard links fail it is written in full.
-
-    Every checkpoint also holds the Python, NumPy, torch and CUDA random states (project/rng.py: plain types, which
-    weights_only loading takes), restored at on_train_start: Lightning saves none, and a resumed run would draw
-    other augmentations and dropout masks. Not at load: the sanity check in between draws from the global RNG.
+    The first validation that logs (the sanity check's, or epoch 0's) checks `monitor`: other keys only stop the run
+    naming them; no validation, or nothing logged, keeps last.ckpt only. In an epoch with a new best file,
+    last.ckpt is a hard link to it renamed into place (atomic, unlike the symlink of `save_last: link`).
 
     Args:
         every_n_train_steps: also write last.ckpt every this many optimizer steps, mid-epoch (0 = off).
@@ -68,26 +61,30 @@ class RunCheckpoint(ModelCheckpoint):
     ) -> None:
         if every_n_train_steps < 0 or check_every_n_steps < 1:
             raise ValueError(
-                "every_n_train_steps must be >= 0 and check_every_n_steps >= 1, got "
-                f"{every_n_train_steps} and {check_every_n_steps}"
+                f"every_n_train_steps {every_n_train_steps} < 0 or check_every_n_steps {check_every_n_steps} < 1"
             )
         kwargs.update(mode=mode, save_top_k=save_top_k, enable_version_counter=enable_version_counter)
         super().__init__(dirpath, filename, monitor, save_last=False, **kwargs)
         self.every_n_train_steps, self.train_time_interval = every_n_train_steps, train_time_interval
-        self.check_every_n_steps = check_every_n_steps
-        self.best_k_metrics: dict[str, dict[str, float]] = {}  # top-k file -> its epoch's val/* metrics
+        self.check_every_n_steps, self.best_k_metrics = (
+            check_every_n_steps,
+            {},
+        )  # top-k file -> its val/* metrics
         self._selecting = None  # the trainer, while ModelCheckpoint may write a top-k file
         self._clock, self._last_step_saved, self._since_check = time.monotonic(), 0, 0
-        self._received, self._previous = None, {}  # the signal received; the handlers before this one's
-        self._rng: dict | None = None  # the random states of the checkpoint resumed from
+        self._received, self._previous, self._rng = (
+            None,
+            {},
+            None,
+        )  # signal; handlers before; states to restore
         self._unchecked = bool(monitor) and staged(monitor, "train") is None  # does validation log `monitor`?
         self._before_validation: set[str] = set()
         _ = self.state_key  # from the configured monitor, also once it is dropped: a resume finds this state
 
     @cached_property
     def state_key(self) -> str:
-        # Lightning reads it at every hook call; it leaves out this class's own triggers, so a resume with other
-        # intervals keeps the best files.
+        # Lightning reads it at every hook call. It leaves out this class's triggers: a resume with other intervals
+        # keeps the best files.
         return super().state_key
 
     @property
@@ -101,10 +98,9 @@ class RunCheckpoint(ModelCheckpoint):
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
-        if self._rng is not None:
-            restore_rng_states(self._rng)
-            self._rng = None
-        self._clock = time.monotonic()
+        self._clock, rng, self._rng = time.monotonic(), self._rng, None
+        if rng is not None:
+            restore_rng_states(rng)
         if self._previous:  # Lightning installed its SIGTERM handler after on_fit_start, calling ours from it
             signal.signal(signal.SIGTERM, self._handle)
         if self._unchecked and not trainer.enable_validation:
@@ -117,7 +113,7 @@ class RunCheckpoint(ModelCheckpoint):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         elif self._received is not None and signum == signal.SIGINT:
-            self._restore()
+            self.teardown(None, None, "fit")  # the handlers go back
             raise KeyboardInterrupt  # second Ctrl+C: stop now
         else:
             self._received, name = signum, signal.Signals(signum).name
@@ -125,10 +121,11 @@ class RunCheckpoint(ModelCheckpoint):
                 sys.stderr.write(f"\nReceived {name}: saving a checkpoint after this step, then exiting.\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        # ModelCheckpoint's own hook is not called: it has no step or time trigger here
-        self._since_check += 1
-        if not resumable_after(trainer, batch_idx):
-            return
+        self._since_check += (
+            1  # ModelCheckpoint's own hook is not called: it has no step or time trigger here
+        )
+        if batch_idx + 1 >= trainer.num_training_batches:
+            return  # a save after an epoch's last batch resumes badly: the epoch-end save follows
         step, now, signum = trainer.global_step, time.monotonic(), 0
         fresh = step != self._last_step_saved
         save = fresh and self.every_n_train_steps > 0 and step % self.every_n_train_steps == 0
@@ -142,12 +139,11 @@ class RunCheckpoint(ModelCheckpoint):
             signum, timed = divmod(flag, 2)
             self._clock = now if timed else self._clock
             save = save or timed or signum
-        if save:
-            path = self.write_last(trainer)
+        path = self.write_last(trainer) if save else ""
         if signum:
             if trainer.is_global_zero:
-                print(f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).", file=sys.stderr)
-            self._restore()  # the exception path skips teardown
+                sys.stderr.write(f"Saved {path}. Resume with: make resume (or --ckpt_path {path}).\n")
+            self.teardown(trainer, pl_module, "fit")  # the exception path skips teardown
             raise SystemExit(128 + signum)
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -156,24 +152,20 @@ class RunCheckpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._unchecked and trainer.state.fn == "fit":  # not `validate`: it selects nothing
-            self._check_monitor(trainer)
+            logged = sorted(set(trainer.callback_metrics) - self._before_validation)
+            if self.monitor in trainer.callback_metrics:
+                self._unchecked = False
+            elif logged:
+                raise ConfigError(
+                    f"The module logs {', '.join(logged)} in validation, but not `{self.monitor}`, which selects "
+                    "best-*.ckpt (monitor of the config's RunCheckpoint). Select by a key it logs: --monitor "
+                    f"{next((k for k in logged if 'loss' in k), logged[0])} (with --mode max where higher is better)."
+                )
+            elif not trainer.sanity_checking:  # ClassificationModule logs nothing in the sanity check
+                self._select_nothing(trainer, f"its validation logs nothing (no `{self.monitor}`)")
         # ModelCheckpoint selects here when validation is not once per epoch end (val_check_interval < 1, ...)
         if best := self._select(super().on_validation_end, trainer, pl_module):
             self.write_last(trainer, link_to=best)
-
-    def _check_monitor(self, trainer) -> None:
-        logged = sorted(set(trainer.callback_metrics) - self._before_validation)
-        if self.monitor in trainer.callback_metrics:
-            self._unchecked = False
-        elif logged:
-            guess = next((k for k in logged if "loss" in k), logged[0])
-            raise ConfigError(
-                f"The module logs {', '.join(logged)} in validation, but not `{self.monitor}`, which best-*.ckpt is "
-                f"selected by (monitor of the config's RunCheckpoint). Select by a key it logs: --monitor {guess} "
-                "(with --mode max where higher is better)."
-            )
-        elif not trainer.sanity_checking:  # ClassificationModule logs nothing in the sanity check
-            self._select_nothing(trainer, f"its validation logs nothing (no `{self.monitor}`)")
 
     def _select_nothing(self, trainer, why: str) -> None:
         self.monitor, self.save_top_k, self._unchecked = None, 0, False
@@ -197,24 +189,21 @@ class RunCheckpoint(ModelCheckpoint):
     def write_last(self, trainer, link_to: str = "") -> str:
         """Write last.ckpt (every rank: saving is collective), a hard link to `link_to` if given; its path."""
         path = self.last_model_path = os.path.join(self.dirpath or "", "last.ckpt")  # set first: it is saved
-        if not (link_to and self._link(trainer, link_to, path)):
+        linked = False
+        if link_to and trainer.is_global_zero:
+            try:
+                with atomic_path(path) as tmp:  # its temporary name: remove_stale clears one a kill left
+                    tmp.unlink()  # os.link needs a free name
+                    os.link(link_to, tmp)
+                linked = True
+            except OSError:  # some network filesystems have no hard links: written in full
+                pass
+        if not (link_to and trainer.strategy.broadcast(linked)):
             trainer.save_checkpoint(path, self.save_weights_only)
         self._last_step_saved = trainer.global_step
         for logger in trainer.loggers if trainer.is_global_zero else []:
             logger.after_save_checkpoint(proxy(self))
         return path
-
-    @staticmethod
-    def _link(trainer, source: str, target: str) -> bool:
-        done = True
-        if trainer.is_global_zero:
-            try:
-                with atomic_path(target) as tmp:  # its temporary name: remove_stale clears one a kill left
-                    tmp.unlink()  # os.link needs a free name
-                    os.link(source, tmp)
-            except OSError:
-                done = False
-        return bool(trainer.strategy.broadcast(done))
 
     def state_dict(self) -> dict[str, Any]:
         if self._selecting is not None and self.best_k_models:
@@ -222,7 +211,6 @@ class RunCheckpoint(ModelCheckpoint):
             newest = next(reversed(self.best_k_models))
             self.best_k_metrics = {p: m for p, m in self.best_k_metrics.items() if p in self.best_k_models}
             self.best_k_metrics[newest] = stage_metrics(self._selecting.callback_metrics, "val")
-        # The random states as they are while the checkpoint is written.
         return {
             **super().state_dict(),
             "best_k_metrics": dict(self.best_k_metrics),
@@ -235,20 +223,12 @@ class RunCheckpoint(ModelCheckpoint):
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         super().on_exception(trainer, pl_module, exception)
-        self._restore()
+        self.teardown(trainer, pl_module, "fit")
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
-
-
-def resumable_after(trainer, batch_idx: int) -> bool:
-    """Whether a checkpoint written after this training batch resumes exactly: not after an epoch's last."""
-    return batch_idx + 1 < trainer.num_training_batches
 
 
 def staged(key: str, stage: str) -> str | None:

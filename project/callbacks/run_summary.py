@@ -12,17 +12,12 @@ from project.rng import run_seed
 
 
 class RunSummary(Callback):
-    """The numbers a run is judged by, in `<run dir>/summary.json`.
-
-    Keys: best_val_acc and test_acc (fractions 0-1), best_checkpoint, last_checkpoint, monitor and best_score,
-    epochs, global_step, seed (project.rng.run_seed), train_seconds (wall time of trainer.fit, validation
-    included), plus every test metric (`test/acc` or `test_acc`: test_acc). `monitor`, `best_score` and
-    `best_val_acc` are those of the checkpoint the selecting callback chose (`selected`).
-    """
+    """The numbers a run is judged by, in `<run dir>/summary.json`: `selected`'s, epochs, global_step, seed
+    (project.rng.run_seed), train_seconds (wall time of trainer.fit), and every test metric (`test/acc` or
+    `test_acc`: test_acc)."""
 
     def __init__(self) -> None:
-        self.summary: dict = {}
-        self._fit_start: float | None = None
+        self.summary, self._fit_start = {}, None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._fit_start = time.perf_counter()
