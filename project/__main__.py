@@ -25,16 +25,6 @@ TOOLS = {
 
 def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
-    if argv[:1] == ["fit"] and ("--help" in argv or "-h" in argv):
-        from project.short_help import short_help  # the keys people change, without importing Lightning
-
-        print(short_help())
-        return
-    if "--help-all" in argv:  # LightningCLI's full help: every key of every class
-        argv = [("--help" if a == "--help-all" else a) for a in argv]
-        args = argv
-        if sys.argv[1:] != argv:
-            sys.argv = [sys.argv[0], *argv]
     if argv and argv[0] in TOOLS:
         with exit_on_user_error():
             importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
@@ -46,7 +36,7 @@ def main(args: list[str] | None = None) -> None:
         from project.versions import warn_outside_pins
 
         warn_outside_pins()
-    from project.cli import main as train_main  # fit, validate, test (and their --help-all)
+    from project.cli import main as train_main  # fit, validate, test
 
     train_main(args)
 

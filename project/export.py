@@ -1,30 +1,33 @@
 """`python -m project export --ckpt_path X`: ONNX + torch.export programs, each checked against eager PyTorch.
 
-Writes into <out_dir>: model.onnx (dynamic batch axis), model.pt2 (torch.export; model.ts TorchScript when
-torch.export cannot trace the model; model.onnx then comes from that trace) and preprocessing.json (class
-names, input shape, normalisation).
-
-The model is rebuilt without Lightning (project/inference.py). The real test batches of the check come from the
-run's own data module, a LightningDataModule rebuilt from the hyperparameters it saved or else from its run's
-config.yaml, so that step (on by default, --check_batches 0 skips it) imports Lightning; its class paths pass the
-same allowlist first.
+Writes into <out_dir>: model.onnx (dynamic batch axis), model.pt2 (torch.export; model.ts, a TorchScript trace,
+when torch.export cannot trace the model, and model.onnx then comes from that trace) and preprocessing.json.
+The real test batches of the check come from the run's own data module, rebuilt from the hyperparameters it
+saved or else from its run's config.yaml: that step (--check_batches 0 skips it) imports Lightning.
 """
 
+import io
 import json
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import yaml
 from torch import Tensor, nn
 
-from project.atomic import atomic_path, atomic_write, write_text_atomic
-from project.checkpoint import allowed, check_class_paths, read_checkpoint
+from project.atomic import atomic_write, write_text_atomic
+from project.checkpoint import check_class_paths, read_checkpoint
 from project.errors import ConfigError
 from project.inference import load_model, preprocessing_of
 from project.run_dir import checkpoint_run
 
 TOLERANCE = 1e-4  # max abs logit difference accepted between an exported program and eager PyTorch
+STEPS = {  # preprocessing.json: how to make an input of an image, and what comes out
+    "pixel_scale": "resize the 8-bit pixels to input_shape[1:] (bilinear, antialiased, as 8-bit), divide by 255, "
+    "then (x - mean) / std per channel",
+    "output": "logits; softmax gives class probabilities in class_names order",
+}
 
 
 def export(
@@ -41,94 +44,75 @@ def export(
         out_dir: where to write the files; default <run dir>/export.
         opset: ONNX opset version.
         check_batches: how many test-split batches (real inputs) to compare on, besides random inputs.
-        allow_class: a class (my_models.TinyMLP) or module prefix (my_models), or a list of them ('[a, b]'), that
-            the checkpoint may name besides project.*, torchvision.models.*, torch.nn.* and torch.optim.*.
-            Rebuilding the model imports the modules its hyperparameters name: allow only code you trust.
+        allow_class: classes or module prefixes (my_models.TinyMLP, my_models; a list: '[a, b]') the checkpoint may
+            name besides project, torchvision.models, torch.nn and torch.optim: their code runs, trust it.
     """
-    allow = allowed(allow_class)
     checkpoint = read_checkpoint(ckpt_path)
     prep = preprocessing_of(checkpoint, ckpt_path)
-    # The bare nn.Module, in eval mode: dropout off and BatchNorm on running statistics in the exported graph.
-    model = load_model(checkpoint, ckpt_path, allow)
-    data_hparams = _data_hparams(checkpoint, ckpt_path)
-    check_class_paths(data_hparams, allow, ckpt_path, dotted_strings=True)  # before anything is written
+    model = load_model(checkpoint, ckpt_path, allow_class)  # eval mode: no dropout, BatchNorm's running stats
+    data = _data_hparams(checkpoint, ckpt_path)
+    check_class_paths(data, allow_class, ckpt_path, dotted_strings=True)  # before anything is written
     out = Path(out_dir) if out_dir else (checkpoint_run(ckpt_path) or Path(".")) / "export"
     out.mkdir(parents=True, exist_ok=True)
-
     gen = torch.Generator().manual_seed(0)
-    inputs = {"random batch of 1": torch.randn(1, *prep.input_shape, generator=gen)}
-    inputs["random batch of 5"] = torch.randn(5, *prep.input_shape, generator=gen)
-    inputs.update(_real_batches(data_hparams, check_batches))
-    example = inputs["random batch of 5"][
-        :2
-    ]  # traced with batch 2; checked with 1, 5 and 64: the axis is dynamic
-
-    write_text_atomic(out / "preprocessing.json", json.dumps(prep.to_json(), indent=2) + "\n")
-    # One torch.export trace serves both formats: model.pt2, and the ONNX conversion of the same program.
-    program_path, runner, program = _export_program(model, example, out)
-    # If torch.export failed, the ONNX exporter (built on it) would too: ONNX then comes from the trace.
-    onnx_path = _export_onnx(program if program is not None else runner, example, out / "model.onnx", opset)
-    _check("ONNX (onnxruntime)", _onnx_runner(onnx_path), model, inputs)
-    _check(program_path.name, runner, model, inputs)
-    print(f"Exported to {out}/: {onnx_path.name}, {program_path.name}, preprocessing.json", flush=True)
-    return out
-
-
-def _export_onnx(source, example: Tensor, path: Path, opset: int) -> Path:
-    """ONNX from the ExportedProgram (dynamo exporter, needs onnxscript), or from the TorchScript fallback."""
-    names = {"input_names": ["images"], "output_names": ["logits"], "opset_version": opset}
+    inputs = {f"random batch of {n}": torch.randn(n, *prep.input_shape, generator=gen) for n in (1, 5)}
+    inputs |= _real_batches(data, check_batches)
+    example = inputs["random batch of 5"][:2]  # traced with batch 2, checked on others: the axis is dynamic
+    steps = {"color": "grayscale" if prep.input_shape[0] == 1 else "RGB", **STEPS}
+    write_text_atomic(out / "preprocessing.json", json.dumps(asdict(prep) | steps, indent=2) + "\n")
     try:
-        if isinstance(source, torch.export.ExportedProgram):  # carries its dynamic batch already
-            with atomic_path(path) as tmp:
-                torch.onnx.export(source, (example,), str(tmp), **names, dynamo=True, external_data=False)
-        else:  # a traced ScriptModule: torch's TorchScript exporter (deprecated, but the only route left)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                batch = {"images": {0: "batch"}, "logits": {0: "batch"}}
-                with atomic_path(path) as tmp:
-                    torch.onnx.export(source, (example,), str(tmp), **names, dynamic_axes=batch, dynamo=False)
-    except ImportError as err:
-        raise ConfigError(
-            f"ONNX export needs the export extras: pip install -e '.[export]' ({err})."
-        ) from err
-    return path
-
-
-def _onnx_runner(path: Path):
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
-
-
-def _export_program(model: nn.Module, example: Tensor, out: Path):
-    """torch.export with a dynamic batch; TorchScript tracing when torch.export fails on this model."""
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    try:
+        batch = torch.export.Dim("batch", min=1, max=4096)
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
-        path = out / "model.pt2"
-        with atomic_write(path, "wb") as f:
-            torch.export.save(program, f)
-        return path, torch.export.load(path).module(), program
+        path, save, load = out / "model.pt2", torch.export.save, lambda p: torch.export.load(p).module()
     except Exception as err:  # noqa: BLE001 - any tracing failure means: fall back
         first = (str(err).strip().splitlines() or [""])[0][:200]  # its full text is pages of hints
         print(
             f"torch.export failed ({type(err).__name__}: {first}); falling back to TorchScript.", flush=True
         )
-        path = out / "model.ts"
         with torch.no_grad():
-            traced = torch.jit.trace(model, example)
-        with atomic_write(path, "wb") as f:
-            torch.jit.save(traced, f)
-        return path, torch.jit.load(str(path)), None
+            program = torch.jit.trace(model, example)
+        path, save, load = out / "model.ts", torch.jit.save, torch.jit.load
+    with atomic_write(path, "wb") as f:
+        save(program, f)
+    with atomic_write(out / "model.onnx", "wb") as f:
+        f.write(_onnx(program, example, opset))
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+
+    def onnx(x: Tensor) -> Tensor:
+        return torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+
+    _check("ONNX (onnxruntime)", onnx, model, inputs)
+    _check(path.name, load(str(path)), model, inputs)
+    print(f"Exported to {out}/: model.onnx, {path.name}, preprocessing.json", flush=True)
+    return out
+
+
+def _onnx(program, example: Tensor, opset: int) -> bytes:
+    """The ExportedProgram through torch's dynamo exporter (it needs onnxscript), or the trace through its
+    TorchScript exporter: deprecated, but the only route left from a trace (torch.export failed on the model)."""
+    names = {"input_names": ["images"], "output_names": ["logits"], "opset_version": opset}
+    try:
+        if isinstance(program, torch.export.ExportedProgram):  # carries its dynamic batch already
+            return torch.onnx.export(
+                program, (example,), **names, dynamo=True
+            ).model_proto.SerializeToString()
+        buffer, axes = io.BytesIO(), {"images": {0: "batch"}, "logits": {0: "batch"}}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(program, (example,), buffer, **names, dynamic_axes=axes, dynamo=False)
+        return buffer.getvalue()
+    except ImportError as err:
+        raise ConfigError(
+            f"ONNX export needs the export extras: pip install -e '.[export]' ({err})."
+        ) from err
 
 
 def _check(name: str, run, model: nn.Module, inputs: dict[str, Tensor]) -> None:
     for label, x in inputs.items():
         with torch.no_grad():
-            expected, got = model(x), run(x)
-        diff = (expected - got).abs().max().item()
+            diff = (model(x) - run(x)).abs().max().item()
         print(f"  {name:<20} {label:<28} max abs diff {diff:.2e}", flush=True)
         if not diff <= TOLERANCE:  # `not <=` also catches NaN
             raise ConfigError(
@@ -139,8 +123,8 @@ def _check(name: str, run, model: nn.Module, inputs: dict[str, Tensor]) -> None:
 
 
 def _data_hparams(checkpoint: dict, ckpt_path: str) -> dict:
-    """How to rebuild the run's data module: the hyperparameters it saved (save_hyperparameters()), or for a data
-    module that saves none the data section of its run's config.yaml (LightningCLI writes one for every run)."""
+    """How to rebuild the run's data module: the hyperparameters it saved, or for a data module that saves none,
+    the data section of its run's config.yaml (LightningCLI writes one for every run)."""
     hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     hparams.pop("_instantiator", None)
     run = checkpoint_run(ckpt_path)
@@ -152,15 +136,15 @@ def _data_hparams(checkpoint: dict, ckpt_path: str) -> dict:
 
 
 def _real_batches(hparams: dict, n: int) -> dict[str, Tensor]:
-    """Up to n batches of the run's test split, rebuilt from the saved data hyperparameters (already checked
-    against the allowlist)."""
-    if n > 0 and "_class_path" not in hparams:
+    """Up to n batches of the run's test split as the model sees them in training (class paths checked already)."""
+    if n <= 0:
+        return {}
+    if "_class_path" not in hparams:
         print(
             "  (no real inputs: neither the checkpoint (its data module's save_hyperparameters()) nor a "
             "runs/<run>/config.yaml above it says how to rebuild the data module)",
             flush=True,
         )
-    if n <= 0 or "_class_path" not in hparams:
         return {}
     import lightning as L
     from lightning.pytorch.cli import instantiate_module
@@ -173,11 +157,8 @@ def _real_batches(hparams: dict, n: int) -> dict[str, Tensor]:
         print(f"  (no real inputs: the training data is not available here: {err})", flush=True)
         return {}
     batches = {}
-    for i, batch in enumerate(loader):
-        if i >= n:
-            break
-        # what the model sees in training: ImageFolder batches are normalised in this hook (normalize.py)
-        x, _ = data.on_after_batch_transfer(batch, 0)
+    for i, batch in zip(range(n), loader):
+        x, _ = data.on_after_batch_transfer(batch, 0)  # ImageFolder batches are normalised in this hook
         batches[f"test batch {i} ({len(x)} images)"] = x
     return batches
 

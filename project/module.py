@@ -117,7 +117,7 @@ class ClassificationModule(L.LightningModule):
         return loss
 
     def _add_to_train_sums(self, loss: Tensor, logits: Tensor, y: Tensor) -> None:
-        """One step's loss and correct predictions, added on the device (`make bench` times this method)."""
+        """One step's loss and correct predictions, added on the device."""
         train = self._train
         # detached: no graph for the sums (argmax has no gradient); no `torch.no_grad()`, a context per step
         sums = torch.stack((loss.detach(), (logits.argmax(dim=1) == y).sum().to(loss.dtype)))

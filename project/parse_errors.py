@@ -53,7 +53,7 @@ def condense(message: str) -> str:
         "invalid arguments or config: "
         + "\n  ".join(lines)
         + "\nThe accepted keys and their types: python -m project "
-        "fit --help-all"
+        "fit --help"
     )
 
 
@@ -89,7 +89,7 @@ def _unknown_option(message: str, argv: Sequence[str]) -> str | None:
     listed = f" Its arguments: {', '.join(params)}." if params else ""
     return (
         f"{where}: {owner} takes no argument '{name}'.{_closest(name, params)}{listed} Every key: python -m project "
-        "fit --help-all."
+        "fit --help."
     )
 
 
@@ -180,7 +180,7 @@ def _unrecognized(message: str, argv: Sequence[str]) -> str | None:
         choices = list(TOP_LEVEL)
     close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
     hint = f" Did you mean --{close[0]}?" if close else ""
-    return f"{flag}: no such key.{hint} Every key: python -m project fit --help-all."
+    return f"{flag}: no such key.{hint} Every key: python -m project fit --help."
 
 
 def _flag_of_value(argv: Sequence[str], value: str) -> str:

@@ -1,8 +1,7 @@
 """`python -m project predict --ckpt_path X --input <image or folder>`: class predictions as a CSV.
 
-Replaces LightningCLI's `predict` (which needs a predict dataloader the data module does not have, and a
-Trainer): the classes, input size and normalisation come from the checkpoint, so no config is needed. It imports
-neither Lightning nor torchvision (project/inference.py), so one image takes about as long as importing torch.
+Instead of LightningCLI's `predict`, which needs a Trainer and a predict dataloader: classes, input size and
+normalisation come from the checkpoint, so no config is needed, and neither Lightning nor torchvision is imported.
 """
 
 import csv
@@ -10,10 +9,10 @@ import sys
 from pathlib import Path
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from project.atomic import atomic_write
-from project.checkpoint import allowed, read_checkpoint
+from project.checkpoint import read_checkpoint
 from project.errors import ConfigError
 from project.inference import load_model, preprocessing_of
 from project.run_dir import checkpoint_run
@@ -37,9 +36,8 @@ def predict(
         top_k: how many (class, probability) pairs to list per image.
         batch_size: images per forward pass.
         device: auto (CUDA when available), cpu or cuda.
-        allow_class: a class (my_models.TinyMLP) or module prefix (my_models), or a list of them ('[a, b]'), that
-            the checkpoint may name besides project.*, torchvision.models.*, torch.nn.* and torch.optim.*.
-            Rebuilding the model imports the modules its hyperparameters name: allow only code you trust.
+        allow_class: classes or module prefixes (my_models.TinyMLP, my_models; a list: '[a, b]') the checkpoint may
+            name besides project, torchvision.models, torch.nn and torch.optim: their code runs, trust it.
     """
     source = Path(input)
     if not source.exists():
@@ -49,14 +47,10 @@ def predict(
     files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
     checkpoint = read_checkpoint(ckpt_path)
     prep = preprocessing_of(checkpoint, ckpt_path)
-    dev = torch.device(
-        "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
-    )
-    model = load_model(checkpoint, ckpt_path, allowed(allow_class)).to(dev)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_model(checkpoint, ckpt_path, allow_class).to(device)
     k = max(1, min(top_k, len(prep.class_names)))
-
-    out = Path(output) if output else (checkpoint_run(ckpt_path) or Path(".")) / "predictions.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
     rows, skipped = [], []
     for start in range(0, len(files), batch_size):
         batch, paths = [], []
@@ -66,29 +60,29 @@ def predict(
                     batch.append(prep.image(im))
                 paths.append(f)
             except (
-                UnidentifiedImageError,
                 OSError,
                 ValueError,
-            ) as err:  # not an image, truncated, unreadable
-                skipped.append((f, f"{type(err).__name__}: {err}"))
-        if not batch:
-            continue
-        with torch.inference_mode():
-            probs = model(torch.stack(batch).to(dev)).float().softmax(dim=-1).cpu()  # (B, num_classes)
-        top_p, top_i = probs.topk(k, dim=-1)
-        for f, ps, idx in zip(paths, top_p.tolist(), top_i.tolist(), strict=True):
-            topk = ";".join(f"{prep.class_names[i]}:{p:.4f}" for i, p in zip(idx, ps, strict=True))
-            rows.append([str(f), prep.class_names[idx[0]], f"{ps[0]:.6f}", topk])
+            ) as err:  # not an image (UnidentifiedImageError), truncated, unreadable
+                skipped.append(f"  {f}  ({type(err).__name__}: {err})")
+        if batch:
+            with torch.inference_mode():
+                probs = model(torch.stack(batch).to(device)).float().softmax(dim=-1).cpu()
+            for f, ps, idx in zip(paths, *(t.tolist() for t in probs.topk(k, dim=-1)), strict=True):
+                top = ";".join(f"{prep.class_names[i]}:{p:.4f}" for i, p in zip(idx, ps, strict=True))
+                rows.append([str(f), prep.class_names[idx[0]], f"{ps[0]:.6f}", top])
 
+    out = Path(output) if output else (checkpoint_run(ckpt_path) or Path(".")) / "predictions.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(out, "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["path", "class", "probability", f"top{k}"])
-        writer.writerows(rows)
+        csv.writer(fh).writerows([["path", "class", "probability", f"top{k}"], *rows])
     print(f"Predicted {len(rows)} image(s) -> {out}", flush=True)
     if skipped:
-        print(f"Skipped {len(skipped)} file(s) that are not readable images:", file=sys.stderr)
-        for f, why in skipped:
-            print(f"  {f}  ({why})", file=sys.stderr)
+        print(
+            f"Skipped {len(skipped)} file(s) that are not readable images:",
+            *skipped,
+            sep="\n",
+            file=sys.stderr,
+        )
     if not rows:
         raise ConfigError(
             f"No readable image under '{input}'; nothing was predicted. Point INPUT at image files."
@@ -101,5 +95,4 @@ def main(args: list[str]) -> None:
 
     parser = ArgumentParser(prog="python -m project predict", description=predict.__doc__.splitlines()[0])
     parser.add_function_arguments(predict, as_group=False)
-    cfg = parser.parse_args(args)
-    predict(**cfg.as_dict())
+    predict(**parser.parse_args(args).as_dict())

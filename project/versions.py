@@ -1,8 +1,8 @@
-"""One line when an installed package is outside the range pyproject.toml pins (read from the installed metadata).
+"""What the installed packages are: past the pins of pyproject.toml, one line saying so; and whether LightningCLI
+builds the module, which Lightning offers no public way to ask.
 
-Past the pins, a run may fail inside a package rather than here: the template relies on a few of Lightning's
-private names (listed in README "Your own environment"). The line says which package, which range was tested, and
-the command that installs it; nothing stops the run.
+Past the pins a run may fail inside a package rather than here (the template relies on a few of Lightning's private
+names, README "Your own environment"), so the line names the tested range and the install command; the run goes on.
 """
 
 import sys
@@ -16,20 +16,18 @@ def outside_pins(distribution: str = "project") -> list[str]:
     from packaging.requirements import Requirement
 
     try:
-        requirements = metadata.requires(distribution) or []
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed: nothing to compare
+        requirements = [Requirement(line) for line in metadata.requires(distribution) or []]
+    except metadata.PackageNotFoundError:  # a checkout that was never installed: nothing to compare
         return []
     found = []
-    for line in requirements:
-        req = Requirement(line)
-        if req.name not in WATCHED or req.marker is not None or not req.specifier:
-            continue
-        try:
-            version = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            continue
-        if not req.specifier.contains(version, prereleases=True):
-            found.append(f"{req} (installed: {version})")
+    for req in requirements:
+        if req.name in WATCHED and req.marker is None and req.specifier:
+            try:
+                version = metadata.version(req.name)
+            except metadata.PackageNotFoundError:
+                continue
+            if not req.specifier.contains(version, prereleases=True):
+                found.append(f"{req} (installed: {version})")
     return found
 
 
@@ -45,13 +43,11 @@ def warn_outside_pins() -> None:
 
 
 def built_by_cli() -> bool:
-    """Whether the module being constructed is built by LightningCLI, which saves nested classes (model,
-    optimizer, dataset) as their config; built in code they are objects, which save_hyperparameters must not pickle.
-    Lightning offers no public way to ask. Without the private name (a release past the pin) it answers False: the
-    nested objects are then left out of the hyperparameters, and a checkpoint needs its config to be rebuilt."""
-    try:  # Lightning's record of the hyperparameters LightningCLI parsed (imported here: this module's pin check
-        # runs before Lightning is imported)
+    """Whether LightningCLI builds the module now: it saves nested classes (model, optimizer, dataset) as their
+    config, while built in code they are objects that save_hyperparameters must not pickle. Without the private
+    name (a Lightning past the pin) the answer is False: a checkpoint then needs its config to be rebuilt."""
+    try:  # imported here: the pin check runs before Lightning is imported
         from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
-    except ImportError:  # renamed past the pin: every module counts as built in code
+    except ImportError:
         return False
     return _given_hyperparameters.get() is not None

@@ -1,627 +1,556 @@
-"""`make bench`: the template against a hand-written PyTorch loop, side by side in one process.
+"""`make bench`: the template against a hand-written PyTorch loop and against stock Lightning, same settings.
 
-    python scripts/bench.py            # full: 5 runs for the headline ratios, 3 for the rest (sized for <= 10 min)
-    python scripts/bench.py --quick    # 2 repeats, fewer sizes (sized for <= 2 min; bench_seconds says how long)
-    python scripts/bench.py --smoke    # 1 repeat, 2 batches per epoch, options in 2 runs: every key, no measure
-    python scripts/bench.py --gpu      # ResNet-18 on CIFAR-shaped data on CUDA (scripts/bench_gpu.py)
+    python scripts/bench.py            # full: 5 rounds, 5 epochs a run (3-9 min on 2 cores)
+    python scripts/bench.py --quick    # 2 rounds, 3 epochs a run (about 2 min)
+    python scripts/bench.py --smoke    # 1 round of 2 batches an epoch: every key, no measurement (make test)
 
-Every figure comes from runs in this invocation, as the median over repeats. The template and the raw loop
-alternate epoch by epoch inside each run (bench_loops.EpochClock), and the runs of the options alternate in
-ABC...CBA order; ratios are medians of per-epoch pairs, so a machine that slows down hurts both sides alike.
+Three sides train the ConvNet of configs/default.yaml on the same batches (its data settings, the in-memory loader,
+normalised per batch on the device), with the same AdamW groups (fused kernel), warmup-cosine schedule, label
+smoothing, channels_last and precision (the template's auto: bf16-mixed on a bf16 GPU, 32-true on CPU), each with
+a validation pass per epoch:
+- template: `python -m project fit` as `make train` builds it (project.cli.build_cli: the config, loggers, metrics,
+  checkpoints, callbacks and progress bar), without the test after fit;
+- stock Lightning: a LightningModule with the template's logged metrics (torchmetrics), Lightning's ModelCheckpoint
+  (the best by val/loss and last.ckpt at every epoch end), TensorBoard and CSV loggers, a LearningRateMonitor,
+  deterministic; no progress bar (the template draws one);
+- loop: zero_grad, forward, loss, backward, step, scheduler step; accuracy under no_grad.
+
+One loop epoch runs just before each epoch of the template and of stock Lightning, in the same process (EpochClock),
+so a slow moment of a shared machine hits both sides of a pair. A ratio is the median over the steady epoch pairs of
+every round (a run's first epoch is warm-up, reported apart); template / stock Lightning is the ratio of their ratios
+to the loop. The sides alternate ABC, CBA from round to round. An option is the template with one flag, against the
+default of the same rounds. Also: the whole `trainer.fit` against the loop doing the same work (validation loss,
+accuracy and top-5, a checkpoint each epoch), and `make train` as shipped in a fresh process (training seconds, test
+accuracy, seconds from the command to the first step, peak RSS) beside a fresh `import torch, lightning`.
 Writes runs/bench/bench.json and prints a markdown table.
 """
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# This checkout's `project` (not an installed copy elsewhere), and the bench helpers next to this file.
-sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
+sys.path[:0] = [
+    str(ROOT / "scripts"),
+    str(ROOT),
+]  # this checkout's `project`; `bench` for the probe's class path
 
-PROFILES = {  # repeats, epochs per trial (1 warm-up + steady), batch sizes, dataset sizes, default runs
-    # The full profile's repeats, from its own noise (the spread of its epoch-pair ratios, docs/performance.md
-    # "Performance"): the median of n pairs has a standard error of order sd/sqrt(n). The headline ratios keep 5
-    # runs (20 pairs); options, compile and the other batch sizes take 3 (12 pairs), whose standard error stays
-    # below the effects of a few percent that an option is kept or dropped for; the default run's figures are a
-    # deterministic accuracy and wall times that vary little from run to run (docs/performance-history.md).
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
+from torch import nn  # noqa: E402
+
+from project.cli import ProjectCLI, auto_precision, build_cli  # noqa: E402
+from project.data import ImageClassificationDataModule  # noqa: E402
+from project.models import ConvNet  # noqa: E402
+from project.schedule import warmup_cosine  # noqa: E402
+
+DEFAULT = yaml.safe_load((ROOT / "configs/default.yaml").read_text())
+DEVICE = torch.device(
+    "cuda" if torch.cuda.is_available() else "cpu"
+)  # where the template's `accelerator: auto` goes
+PRECISION = auto_precision()
+PROFILES = {  # rounds, epochs a run, batches an epoch (None: all), epochs of the whole fit, default runs, options
     "full": dict(
-        repeats=5,
-        epochs=5,
-        batch_sizes=(32, 64, 128, 256),
-        sizes=(1_000, 10_000, 100_000),
-        default_runs=3,
-        option_repeats=3,
-        compile_repeats=3,
-        scaling_repeats=3,
-        fit_repeats=3,
-        limit=None,
-        options_in_one_run=False,
-        default_args=[],
+        rounds=5, epochs=5, limit=None, fit_epochs=15, default_runs=3, option_rounds=3, compile=True
     ),
     "quick": dict(
-        repeats=2,
-        epochs=3,
-        batch_sizes=(64, 256),
-        sizes=(1_000, 100_000),
-        default_runs=1,
-        option_repeats=1,
-        compile_repeats=1,
-        scaling_repeats=2,
-        fit_repeats=1,
-        limit=None,
-        options_in_one_run=False,
-        default_args=[],
+        rounds=2, epochs=3, limit=None, fit_epochs=15, default_runs=1, option_rounds=1, compile=True
     ),
-    "smoke": dict(
-        repeats=1,
-        epochs=2,
-        batch_sizes=(64,),
-        sizes=(1_000,),
-        default_runs=1,
-        option_repeats=1,
-        compile_repeats=0,
-        scaling_repeats=1,
-        fit_repeats=1,
-        limit=2,
-        options_in_one_run=True,
-        default_args=[
-            "--trainer.max_epochs",
-            "1",
-            "--trainer.limit_train_batches",
-            "2",
-            "--trainer.limit_val_batches",
-            "1",
-            "--trainer.limit_test_batches",
-            "1",
-        ],
-    ),
+    "smoke": dict(rounds=1, epochs=2, limit=2, fit_epochs=2, default_runs=1, option_rounds=1, compile=False),
 }
-FIT_EPOCHS = 15  # the default config's max_epochs: the whole `make train` fit
-HEADLINE_ARMS = (
-    "template",
-    "template_vs_tuned_loop",
-    "bare_lightning",
-    "stock_lightning",
-)  # run in every round
-VARIANTS = {  # name -> extra CLI args for the template (each compared with the default config, same round)
-    "no_progress_bar": ["--trainer.enable_progress_bar", "false"],
+# Options whose effect stands out of the run-to-run noise (docs/performance.md): name -> the template's extra flags.
+OPTIONS = {
     "bf16_mixed": ["--trainer.precision", "bf16-mixed"],
-    "contiguous_nchw": ["--model.init_args.channels_last", "false"],
     "accumulate_grad_batches_2": ["--trainer.accumulate_grad_batches", "2"],
-    "gradient_clip_val_1": ["--trainer.gradient_clip_val", "1.0"],
-    "dataloader_path": ["--data.init_args.in_memory", "false"],
-    # Lightning's default profiler (PassThroughProfiler) instead of the config's NoProfiler (project/profiler.py)
-    "lightning_profiler": ["--trainer.profiler", "null"],
-    # the opt-in door (project/perf/: Lightning's private names), against the default's public API only
-    "fast_cpu": ["--config", str(ROOT / "configs/fast_cpu.yaml")],
+    "torch_threads_1": [],  # one intra-op thread for both sides (see threads())
+    "compile": ["--model.init_args.compile", "true"],
 }
+SMOKE_ARGS = [
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.limit_train_batches",
+    "2",
+    "--trainer.limit_val_batches",
+    "1",
+]
+SMOKE_ARGS += ["--trainer.limit_test_batches", "1"]
+
+
+def now() -> float:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+class RawLoop:
+    """The hand-written loop, one epoch per call, with the template's settings (configs/default.yaml) and its own
+    model, optimizer and loaders. `limit`: that many batches an epoch, one for validation. `save_to`: also the
+    validation loss and top-5, and model, optimizer and scheduler state saved there each epoch (the template's
+    work, for the whole-fit figure)."""
+
+    def __init__(self, epochs: int, limit: int | None = None, save_to: str | None = None) -> None:
+        torch.manual_seed(0)
+        model, data = DEFAULT["model"]["init_args"], DEFAULT["data"]["init_args"]
+        dm = ImageClassificationDataModule(**data)
+        dm._device = lambda: (
+            DEVICE
+        )  # the in-memory loader's batches on the training device, as under the Trainer
+        dm.setup("fit")
+        self.train, self.val, self.limit, self.save_to = (
+            dm.train_dataloader(),
+            dm.val_dataloader(),
+            limit,
+            save_to,
+        )
+        self.prepare = (
+            dm.on_after_batch_transfer
+        )  # normalised per batch, as the data module does for the template
+        self.model = ConvNet(dm.num_classes, dm.in_channels, **model["model"]["init_args"])
+        self.model.to(DEVICE, memory_format=torch.channels_last)
+        params = list(self.model.parameters())
+        groups = [
+            {"params": [p for p in params if p.ndim > 1]},
+            {"params": [p for p in params if p.ndim <= 1]},
+        ]
+        groups[1]["weight_decay"] = 0.0
+        self.opt = torch.optim.AdamW(groups, **model["optimizer"]["init_args"], fused=True)
+        self.steps = min(len(self.train), limit or len(self.train))
+        total, warmup = (
+            epochs * self.steps,
+            round(model["scheduler"]["init_args"]["warmup_epochs"] * self.steps),
+        )
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: warmup_cosine(s, warmup, total))
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=model["label_smoothing"])
+        self.epochs, self.samples = epochs, self.steps * data["batch_size"]
+        dtype = (
+            torch.bfloat16 if PRECISION == "bf16-mixed" else torch.float16
+        )  # 16-mixed: no loss scaling here
+        self.autocast = lambda: torch.autocast(DEVICE.type, dtype=dtype, enabled=PRECISION != "32-true")
+
+    def forward(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.prepare(batch, 0)
+        with self.autocast():
+            return self.model(x.contiguous(memory_format=torch.channels_last)).float(), y
+
+    def epoch(self) -> tuple[float, float]:
+        """One epoch; returns its wall seconds and those of its training part."""
+        t = now()
+        self.model.train()
+        for i, batch in enumerate(self.train):
+            if i == self.steps:
+                break
+            self.opt.zero_grad(set_to_none=True)
+            self.loss_fn(*self.forward(batch)).backward()
+            self.opt.step()
+            self.sched.step()
+        train = now() - t
+        self.model.eval()
+        correct = count = top5 = loss = 0
+        with torch.no_grad():
+            for i, batch in enumerate(self.val):
+                if self.limit and i == 1:
+                    break
+                logits, y = self.forward(batch)
+                correct, count = correct + (logits.argmax(1) == y).sum(), count + len(y)
+                if self.save_to:
+                    loss = loss + self.loss_fn(logits, y) * len(y)
+                    top5 = top5 + (logits.topk(5, 1).indices == y[:, None]).any(1).sum()
+        self.val_acc = float(correct) / count  # one host read per epoch
+        if self.save_to:
+            self.val_loss, self.val_acc5 = float(loss) / count, float(top5) / count
+            state = {
+                "model": self.model.state_dict(),
+                "opt": self.opt.state_dict(),
+                "sched": self.sched.state_dict(),
+            }
+            torch.save(state, self.save_to)
+        return now() - t, train
+
+
+class EpochClock(Callback):
+    """Wall time of each epoch of a Lightning run and of its training part (first batch to the last batch's end).
+    With a RawLoop, one loop epoch runs at each epoch start: the clock is first in the callback list, so that epoch
+    runs before any other hook of the epoch and outside its time. Epoch hooks only, and one compare per step."""
+
+    def __init__(self, raw: RawLoop | None = None) -> None:
+        self.raw, self.starts, self.ends, self.train_ends, self.raw_epochs = raw, [], [], [], []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._close()
+        if self.raw is not None:
+            self.raw_epochs.append(self.raw.epoch())
+        self.starts.append(now())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx + 1 == trainer.num_training_batches:
+            self.train_ends.append(now())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if len(self.ends) < len(self.starts):
+            self.ends.append(now())
+
+    def figures(self, steps: int) -> dict:
+        run = {"epoch": [b - a for a, b in zip(self.starts, self.ends)], "steps": steps}
+        run["train"] = [b - a for a, b in zip(self.starts, self.train_ends)]
+        if self.raw is not None:
+            assert self.raw.steps == steps, "the two sides must see the same batches"
+            run["raw"] = {"epoch": [e for e, _ in self.raw_epochs], "train": [t for _, t in self.raw_epochs]}
+        return run
+
+
+class BenchCLI(ProjectCLI):
+    """ProjectCLI with the clock first among the callbacks. Runs whose figures are epochs leave out what lies
+    outside every epoch (LogConfig's setup and after-fit work, RunReport's report.png once the clock stopped)."""
+
+    raw: RawLoop | None = None
+    whole_fit = False
+
+    def before_fit(self) -> None:
+        super().before_fit()
+        self.clock = EpochClock(self.raw)
+        drop = () if self.whole_fit else ("LogConfig", "RunReport")
+        self.trainer.callbacks = [
+            self.clock,
+            *(c for c in self.trainer.callbacks if type(c).__name__ not in drop),
+        ]
+        self.fit_start = time.perf_counter()
+
+    def after_fit(self) -> None:  # the test after fit is not run: the fit is what is timed
+        self.fit_seconds = now() - self.fit_start
+
+
+def template_run(
+    p: dict, epochs: int, extra: list[str] = (), raw: bool = True, whole_fit: bool = False
+) -> dict:
+    """The template as `make train` runs it, with a loop epoch before each of its epochs (`raw`)."""
+    limit = (
+        ["--trainer.limit_train_batches", str(p["limit"]), "--trainer.limit_val_batches", "1"]
+        if p["limit"]
+        else []
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        args = ["fit", "--run_dir", tmp, "--test_after_fit", str(whole_fit).lower(), *limit, *extra]
+        BenchCLI.raw, BenchCLI.whole_fit = RawLoop(epochs, p["limit"]) if raw else None, whole_fit
+        argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees the bench's own flags
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                cli = build_cli([*args, "--trainer.max_epochs", str(epochs)], cli_class=BenchCLI)
+        finally:
+            sys.argv = argv
+        return {**cli.clock.figures(cli.trainer.num_training_batches), "fit_seconds": cli.fit_seconds}
+
+
+class StockModule(L.LightningModule):
+    """The loop's model, optimizer and schedule, with the template's logged metrics the stock Lightning way: the
+    training loss and accuracy from sums kept on the device, logged once an epoch as the template does; torchmetrics
+    objects for the validation loss, accuracy, top-5 and best accuracy, handed to self.log."""
+
+    def __init__(self, loop: RawLoop) -> None:
+        super().__init__()
+        from torchmetrics import MaxMetric, MeanMetric
+        from torchmetrics.classification import MulticlassAccuracy
+
+        self.loop, self.model = loop, loop.model
+        self.val_loss, self.val_acc_best = MeanMetric(), MaxMetric()
+        self.val_acc = MulticlassAccuracy(num_classes=10, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes=10, average="micro", top_k=5)
+        self.sums, self.steps, self.samples = 0, 0, 0
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        return self.loop.prepare(batch, dataloader_idx)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.model(x.contiguous(memory_format=torch.channels_last))
+        loss = self.loop.loss_fn(logits, y)
+        self.sums = self.sums + torch.stack((loss.detach(), (logits.argmax(1) == y).sum().to(loss.dtype)))
+        self.steps, self.samples = self.steps + 1, self.samples + len(y)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train/loss", self.sums[0] / self.steps)
+        self.log("train/acc", self.sums[1] / self.samples)
+        self.sums, self.steps, self.samples = 0, 0, 0
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.model(x.contiguous(memory_format=torch.channels_last))
+        self.val_loss.update(self.loop.loss_fn(logits, y), weight=len(y))
+        self.val_acc.update(logits, y)
+        self.val_acc5.update(logits, y)
+
+    def on_validation_epoch_end(self) -> None:
+        self.val_acc_best.update(self.val_acc.compute())
+        for name in ("val_loss", "val_acc", "val_acc5", "val_acc_best"):
+            self.log(name.replace("val_", "val/").replace("acc5", "acc_top5"), getattr(self, name))
+
+    def configure_optimizers(self):
+        return {
+            "optimizer": self.loop.opt,
+            "lr_scheduler": {"scheduler": self.loop.sched, "interval": "step"},
+        }
+
+
+def stock_run(p: dict, epochs: int) -> dict:
+    """Stock Lightning doing the template's job on the loop's model and loaders, a loop epoch before each epoch."""
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    side, clock = RawLoop(epochs, p["limit"]), EpochClock(RawLoop(epochs, p["limit"]))
+    with tempfile.TemporaryDirectory(prefix="bench-stock-") as tmp:
+        checkpoint = ModelCheckpoint(f"{tmp}/checkpoints", "best-{epoch:03d}", "val/loss", save_last=True)
+        trainer = L.Trainer(
+            accelerator=DEVICE.type, devices=1, precision=PRECISION, max_epochs=epochs, deterministic=True,
+            limit_train_batches=side.steps, limit_val_batches=1 if p["limit"] else None, log_every_n_steps=10,
+            logger=[TensorBoardLogger(tmp, "", "", default_hp_metric=False), CSVLogger(tmp, "", "")],
+            callbacks=[clock, checkpoint, LearningRateMonitor("epoch")],
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        with contextlib.redirect_stdout(io.StringIO()):
+            trainer.fit(StockModule(side), side.train, side.val)
+    return clock.figures(trainer.num_training_batches)
+
+
+@contextlib.contextmanager
+def threads(n: int | None):
+    """n intra-op threads for the run (None: as they are)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def whole_fit(p: dict) -> dict:
+    """trainer.fit of the template (sanity check, fit_epochs epochs with validation, checkpoints, logging; a test
+    to follow, not run) against the loop doing the same work, alternated."""
+    template, loop = [], []
+    for i in range(max(1, p["default_runs"])):
+        for side in ("template", "loop") if i % 2 == 0 else ("loop", "template"):
+            if side == "template":
+                template.append(template_run(p, p["fit_epochs"], raw=False, whole_fit=True)["fit_seconds"])
+                continue
+            with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
+                raw = RawLoop(p["fit_epochs"], p["limit"], save_to=f"{tmp}/last.pt")
+                loop.append(sum(raw.epoch()[0] for _ in range(raw.epochs)))
+    ratios = [t / r for t, r in zip(template, loop)]
+    return {
+        "epochs": p["fit_epochs"],
+        "template_seconds": med(template),
+        "loop_seconds": med(loop),
+        "ratio": med(ratios),
+    }
+
+
+class FirstStepProbe(Callback):
+    """Added to the default run (`--trainer.callbacks+=bench.FirstStepProbe`): the time of its first optimizer step,
+    into $BENCH_FIRST_STEP_FILE."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        path = os.environ.get("BENCH_FIRST_STEP_FILE")
+        if path and not os.path.exists(path):
+            Path(path).write_text(str(time.time()))
+
+
+def default_runs(p: dict, smoke: bool) -> dict:
+    """`make train` as shipped, each in a fresh process, beside a fresh `python -c "import torch, lightning"`."""
+    runs = []
+    for _ in range(p["default_runs"]):
+        t0 = time.time()
+        subprocess.run([sys.executable, "-c", "import torch, lightning"], check=True)
+        imports = time.time() - t0
+        with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+            env = {**os.environ, "BENCH_FIRST_STEP_FILE": f"{tmp}/first_step"}
+            env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT), env.get("PYTHONPATH", "")])
+            cmd = [sys.executable, "-m", "project", "fit", "--config", str(ROOT / "configs/default.yaml")]
+            cmd += [
+                "--run_dir",
+                f"{tmp}/run",
+                "--trainer.callbacks+=bench.FirstStepProbe",
+                *(SMOKE_ARGS * smoke),
+            ]
+            with open(f"{tmp}/log.txt", "w") as log:
+                start = time.time()
+                proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                _, status, usage = os.wait4(proc.pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{Path(tmp, 'log.txt').read_text()[-3000:]}")
+            summary = json.loads(Path(tmp, "run", "summary.json").read_text())
+            runs.append(
+                {
+                    "train_seconds": summary["train_seconds"],
+                    "test_acc": summary.get("test_acc"),
+                    "startup_seconds": round(float(Path(tmp, "first_step").read_text()) - start, 3),
+                    "import_torch_lightning_seconds": round(imports, 3),
+                    "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+                }
+            )
+    return {**{k: med([r[k] for r in runs]) for k in runs[0]}, "runs": runs}
 
 
 def med(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 4) if xs else None
 
 
-def pooled(runs: list[dict], figures) -> list[float]:
-    """The steady epoch pairs' figures of every run (`figures`: one run's list, e.g. bench_loops.epoch_ratios)."""
-    return [x for run in runs for x in figures(run)]
+def iqr(xs: list[float]) -> list[float] | None:
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else None
+    return q and [round(q[0], 4), round(q[2], 4)]
 
 
-def pooled_overheads(runs: list[dict]) -> tuple[list[float], list[float]]:
-    """Per step and per epoch overheads (ms) of every steady epoch pair of `runs` (bench_loops.overheads_ms)."""
-    from bench_loops import overheads_ms
-
-    per_run = [overheads_ms(run) for run in runs]
-    return [x for steps, _ in per_run for x in steps], [x for _, epochs in per_run for x in epochs]
+def ratios(runs: list[dict]) -> list[float]:
+    """Loop epoch seconds / the paired epoch's seconds (the same samples): a side's speed relative to the loop."""
+    return [r / t for run in runs for r, t in zip(run["raw"]["epoch"][1:], run["epoch"][1:])]
 
 
-def ab(run_a, run_b, repeats: int) -> tuple[list, list]:
-    """Alternate A and B (ABBA...) `repeats` times; return both result lists."""
-    a, b = [], []
-    for i in range(repeats):
-        if i % 2 == 0:
-            a.append(run_a()), b.append(run_b())
-        else:
-            b.append(run_b()), a.append(run_a())
-    return a, b
-
-
-def bench_cpu(p: dict) -> dict:
-    import torch
-    from bench_loops import (
-        bare_lightning_run,
-        epoch_ratios,
-        loader_samples_per_s,
-        machine,
-        steady_samples_per_s,
-        stock_lightning_run,
-        template_run,
-    )
-
-    lim = (
-        ["--trainer.limit_train_batches", str(p["limit"]), "--trainer.limit_val_batches", "1"]
-        if p["limit"]
-        else []
-    )
-    out: dict = {"machine": machine()}
-    E, R = p["epochs"], p["repeats"]
-    seeds_loop = {"limit": p["limit"]}  # the loop the seeds show: default AdamW, NCHW
-    tuned_loop = {**seeds_loop, "fused": True, "channels_last": True}  # the template's shipped settings
-
-    def tmpl(bs=64, extra=(), raw=seeds_loop, instrument=False, drop=()):
-        """A template run with one raw-loop epoch before each of its epochs (bench_loops.EpochClock)."""
-        return template_run(E, bs, [*lim, *extra], raw=raw, instrument=instrument, drop=drop, whole_fit=False)
-
-    # One round = the default template, every option, and the default against the tuned raw loop, in an
-    # order reversed on odd rounds. Every run carries its own raw-loop epochs, so each figure is a median
-    # of per-epoch pairs (template epoch / the raw epoch just before it), and an option's effect is its
-    # ratio to the raw loop divided by the default's.
-    arms = {
-        "template": tmpl,
-        "template_vs_tuned_loop": lambda: tmpl(raw=tuned_loop),
-        **{k: (lambda extra=v: tmpl(extra=extra)) for k, v in VARIANTS.items()},
-        "torch_threads_1": lambda: _threads(1, tmpl),
-        # Lightning's loop alone on the tuned loop's work, against the tuned loop: the part of the template's
-        # overhead that is Lightning's, whatever the template does.
-        "bare_lightning": lambda: bare_lightning_run(E, 64, raw=tuned_loop, limit=p["limit"]),
-        # Lightning doing the template's job with its stock parts (ModelCheckpoint best + last, TensorBoard and CSV
-        # loggers, LR monitor, the same metrics; no bar): what the template's own code costs is the rest.
-        "stock_lightning": lambda: stock_lightning_run(E, 64, raw=tuned_loop, limit=p["limit"]),
-    }
-    options = [*VARIANTS, "torch_threads_1"]
-    if p["options_in_one_run"]:
-        # Smoke: every option's flags (and the 1-thread path) in one run, which checks that they
-        # still parse and train; each option's key then holds that run (it measures nothing anyway). bf16-mixed
-        # runs apart: Lightning's mixed-precision plugin refuses gradient clipping with the fused AdamW.
-        every = [a for k, v in VARIANTS.items() if k != "bf16_mixed" for a in v]
-        keep = ("template", "template_vs_tuned_loop", "bf16_mixed", "bare_lightning", "stock_lightning")
-        arms = {k: arms[k] for k in keep}
-        arms["every_option"] = lambda: _threads(1, lambda: tmpl(extra=every))
-    got: dict[str, list] = {k: [] for k in arms}
-    for i in range(R):
-        # The quick profile runs the options in its first round only (bench-quick stays within 2 minutes).
-        names = [n for n in arms if i < p["option_repeats"] or n in HEADLINE_ARMS]
-        for name in names if i % 2 == 0 else names[::-1]:
-            got[name].append(arms[name]())
-    t_runs, tuned_runs = got["template"], got["template_vs_tuned_loop"]
-    pairs = pooled(t_runs, epoch_ratios)
-    step_ms, epoch_ms = pooled_overheads(tuned_runs)
-    bare_step_ms, bare_epoch_ms = pooled_overheads(got["bare_lightning"])
-    stock_step_ms, stock_epoch_ms = pooled_overheads(got["stock_lightning"])
-    cpu_pairs = [
-        r / t
-        for run in t_runs
-        for r, t in zip(run["raw"]["epoch_cpu_seconds"][1:], run["epoch_cpu_seconds"][1:], strict=True)
-    ]
-    out["throughput"] = {
-        "template_samples_per_s": med([steady_samples_per_s(t) for t in t_runs]),
-        "raw_loop_samples_per_s": med([steady_samples_per_s(t["raw"]) for t in t_runs]),
-        "throughput_ratio": med(pairs),
-        "throughput_ratio_iqr": _iqr(pairs),
+def side_figures(runs: list[dict]) -> dict:
+    """A side's figures over its runs' steady epoch pairs: ratio to the loop, overhead per training step (its
+    training part minus the loop's, over the steps) and per epoch (the rest: validation, logging, checkpoints,
+    epoch hooks, minus the loop's validation), samples/s of the median epoch, and the warm-up epoch."""
+    pairs = [(run, e, t, run["raw"]["epoch"][k], run["raw"]["train"][k]) for run in runs for k, (e, t) in
+             enumerate(zip(run["epoch"], run["train"])) if k]  # fmt: skip
+    samples = runs[0]["steps"] * DEFAULT["data"]["init_args"]["batch_size"]
+    return {
+        "vs_loop": med(ratios(runs)),
+        "vs_loop_iqr": iqr(ratios(runs)),
         "epoch_pairs": len(pairs),
-        "run_ratios": [med(epoch_ratios(t)) for t in t_runs],
-        "throughput_ratio_cpu_time": med(cpu_pairs),
-        "throughput_ratio_vs_tuned_loop": med(pooled(tuned_runs, epoch_ratios)),
-        "throughput_ratio_vs_tuned_loop_iqr": _iqr(pooled(tuned_runs, epoch_ratios)),
-        # Milliseconds the template adds per training step and per epoch (validation, logging, checkpoints,
-        # epoch hooks), against the tuned loop, median over the steady epoch pairs (bench_loops.overheads_ms).
-        "per_step_overhead_ms": med(step_ms),
-        "per_epoch_overhead_ms": med(epoch_ms),
-        "tuned_loop_step_ms": med(
-            [r / t["steps_per_epoch"] * 1000 for t in tuned_runs for r in t["raw"]["train_seconds"][1:]]
-        ),
-        "tuned_loop_epoch_rest_ms": med(
-            [
-                (e - r) * 1000
-                for t in tuned_runs
-                for e, r in zip(t["raw"]["epoch_seconds"][1:], t["raw"]["train_seconds"][1:])
-            ]
-        ),
-        "steps_per_epoch": t_runs[0]["steps_per_epoch"],
-        # Lightning's loop alone (bench_loops.bare_lightning_run) against the tuned loop: the same figures.
-        "bare_lightning_vs_tuned_loop": med(pooled(got["bare_lightning"], epoch_ratios)),
-        "bare_lightning_per_step_overhead_ms": med(bare_step_ms),
-        "bare_lightning_per_epoch_overhead_ms": med(bare_epoch_ms),
-        "stock_lightning_vs_tuned_loop": med(pooled(got["stock_lightning"], epoch_ratios)),
-        "stock_lightning_per_step_overhead_ms": med(stock_step_ms),
-        "stock_lightning_per_epoch_overhead_ms": med(stock_epoch_ms),
-        "template_warmup_epoch_seconds": med([t["epoch_seconds"][0] for t in t_runs]),
-        "raw_warmup_epoch_seconds": med([t["raw"]["epoch_seconds"][0] for t in t_runs]),
-        "template_steady_epoch_seconds": med([statistics.median(t["epoch_seconds"][1:]) for t in t_runs]),
-        "raw_steady_epoch_seconds": med([statistics.median(t["raw"]["epoch_seconds"][1:]) for t in t_runs]),
-    }
-    out["options"] = {
-        name: _paired(
-            t_runs[: len(got.get(name, got.get("every_option")))], got.get(name, got.get("every_option"))
-        )
-        for name in options
-    }
-    out["options"]["compile"] = _compile(p, tmpl)
-    # The template against Lightning's own ceilings, each measured against the same tuned loop: its loop doing the
-    # tuned loop's work with no features (bare), and its stock parts doing the template's job (stock); the default
-    # (public API only), and with the opt-in door's speed-ups.
-    thr, fast = out["throughput"], out["options"]["fast_cpu"]["ratio_vs_default"]
-    for side in ("bare", "stock"):
-        if thr["throughput_ratio_vs_tuned_loop"] and thr[f"{side}_lightning_vs_tuned_loop"]:
-            ratio = thr["throughput_ratio_vs_tuned_loop"] / thr[f"{side}_lightning_vs_tuned_loop"]
-            thr[f"template_vs_{side}_lightning"] = round(ratio, 3)
-            thr[f"fast_cpu_template_vs_{side}_lightning"] = round(ratio * fast, 3) if fast else None
-
-    # Data wait: runs of their own, with a per-step timer and a fetch-timing profiler (they cost every step).
-    inst = [tmpl(raw=None, instrument=True) for _ in range(max(1, R // 2))]
-    out["data_wait_fraction"] = med(
-        [t["fetch_seconds"] / max(1e-9, t["fetch_seconds"] + t["step_seconds"]) for t in inst]
-    )
-    consumed = med([t["samples_per_epoch"] * (E - 1) / max(1e-9, t["step_seconds"]) for t in inst])
-    # Checkpoint writes (best and last each epoch: one torch.save + fsync, last.ckpt a hard link to a new best): work
-    # the epoch-pair raw loops do not do, inside the template's per-epoch overhead.
-    out["checkpoint_ms_per_epoch"] = med([1e3 * t["checkpoint_seconds"] / (E - 1) for t in inst])
-    # The progress bar's hooks (per batch and per epoch) timed directly, as a fraction of the steady epochs' wall
-    # time (1% is below the run-to-run noise of the option ratios).
-    out["progress_bar_hook_fraction"] = med(
-        [t["bar_seconds"] / max(1e-9, sum(t["epoch_seconds"][1:])) for t in inst]
-    )
-
-    # The whole trainer.fit (sanity check, 15 epochs with validation, checkpoints, logging, report) against a
-    # hand-written loop doing the same work (validation loss/acc/top-5 and a checkpoint each epoch), ABBA.
-    out["fit"] = _fit(p, lim)
-
-    # Loaders alone, same split and augmentation.
-    dl, mem = ab(lambda: loader_samples_per_s(False, 1), lambda: loader_samples_per_s(True, 2), R)
-    out["loader"] = {
-        "dataloader_samples_per_s": med(dl),
-        "in_memory_samples_per_s": med(mem),
-        "in_memory_speedup": med([m / d for m, d in zip(mem, dl, strict=True)]),
-        "model_consumes_samples_per_s": consumed,
+        "per_step_overhead_ms": med([(t - rt) / run["steps"] * 1e3 for run, _, t, _, rt in pairs]),
+        "per_epoch_overhead_ms": med([((e - t) - (re - rt)) * 1e3 for _, e, t, re, rt in pairs]),
+        "samples_per_s": med([samples / statistics.median(run["epoch"][1:]) for run in runs]),
+        "warmup_epoch_seconds": med([run["epoch"][0] for run in runs]),
+        "loop_samples_per_s": med([samples / statistics.median(run["raw"]["epoch"][1:]) for run in runs]),
+        "loop_step_ms": med([rt / run["steps"] * 1e3 for run, _, _, _, rt in pairs]),
     }
 
-    # Scaling: batch size (template vs raw, interleaved), and the in-memory loader vs dataset size.
-    out["scaling"] = {"batch_size": {}, "dataset_size_in_memory_samples_per_s": {}}
-    # Against the tuned loop, with the per-step and per-epoch overheads and the training metrics' update cost:
-    # what grows with the batch size is work per sample, not loop overhead.
-    for bs in p["batch_sizes"]:
-        ts = tuned_runs if bs == 64 else [tmpl(bs, raw=tuned_loop) for _ in range(p["scaling_repeats"])]
-        ts_step_ms, ts_epoch_ms = pooled_overheads(ts)
-        out["scaling"]["batch_size"][str(bs)] = {
-            "template_samples_per_s": med([steady_samples_per_s(t) for t in ts]),
-            "raw_loop_samples_per_s": med([steady_samples_per_s(t["raw"]) for t in ts]),
-            "ratio": med(pooled(ts, epoch_ratios)),
-            "tuned_loop_step_ms": med(
-                [r / t["steps_per_epoch"] * 1000 for t in ts for r in t["raw"]["train_seconds"][1:]]
-            ),
-            "per_step_overhead_ms": med(ts_step_ms),
-            "per_epoch_overhead_ms": med(ts_epoch_ms),
-            "train_metrics_update_ms": _metric_update_ms(bs),
+
+def bench(p: dict, smoke: bool) -> dict:
+    warnings.filterwarnings("ignore", message=".*exists and is not empty")  # its two loggers share one folder
+    options = {k: v for k, v in OPTIONS.items() if k != "compile" or p["compile"]}
+    arms = {
+        "template": lambda: template_run(p, p["epochs"]),
+        "stock_lightning": lambda: stock_run(p, p["epochs"]),
+        **{k: (lambda k=k, v=v: template_run(p, p["epochs"], v)) for k, v in options.items()},
+    }
+    got: dict[str, list] = {k: [] for k in arms}
+    for i in range(p["rounds"]):
+        names = [n for n in arms if n in ("template", "stock_lightning") or i < p["option_rounds"]]
+        for name in names if i % 2 == 0 else names[::-1]:
+            with threads(1 if name == "torch_threads_1" else None):
+                got[name].append(arms[name]())
+    template, stock = side_figures(got["template"]), side_figures(got["stock_lightning"])
+    res = {"template": template, "stock_lightning": stock, "options": {}}
+    res["template_vs_stock_lightning"] = round(template["vs_loop"] / stock["vs_loop"], 4)
+    for name in options:
+        base = ratios(got["template"][: len(got[name])])
+        res["options"][name] = {
+            "vs_default": round(statistics.median(ratios(got[name])) / statistics.median(base), 4),
+            "samples_per_s": side_figures(got[name])["samples_per_s"],
+            "warmup_epoch_seconds": side_figures(got[name])[
+                "warmup_epoch_seconds"
+            ],  # compile's time is in it
         }
-    for n in p["sizes"]:
-        out["scaling"]["dataset_size_in_memory_samples_per_s"][str(n)] = med(
-            [loader_samples_per_s(True, 1, n=n) for _ in range(R)]
-        )
-    out["torch_threads"] = torch.get_num_threads()
-    return out
+    res["whole_fit"] = whole_fit(p)
+    res["default_run"] = default_runs(p, smoke)
+    return res
 
 
-def _fit(p: dict, lim: list[str]) -> dict:
-    """trainer.fit of the default config (E_FIT epochs, validation each) vs the tuned hand-written loop doing the
-    same work, alternated ABBA; the ratio is the median of per-pair ratios. The fit runs as in `make train`, with
-    the test to follow it (which draws report.png and logs the HPARAMS record; neither is run nor timed here)."""
-    from bench_loops import RawLoop, template_run
-
-    epochs = 2 if p["limit"] else FIT_EPOCHS
-    tmpl, raw = [], []
-
-    def run_raw():
-        with tempfile.TemporaryDirectory(prefix="bench-raw-") as tmp:
-            loop = RawLoop(epochs, limit=p["limit"], fused=True, channels_last=True, save_to=f"{tmp}/last.pt")
-            raw.append(loop.fit())
-
-    def run_tmpl():  # as `make train` runs it: a test follows (not run, not timed)
-        tmpl.append(template_run(epochs, 64, lim, test_after_fit=True)["fit_seconds"])
-
-    ab(run_tmpl, run_raw, p["fit_repeats"])
-    ratios = [t / r for t, r in zip(tmpl, raw, strict=True)]
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:  # the model name `lscpu` shows
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     return {
-        "epochs": epochs,
-        "template_fit_seconds": med(tmpl),
-        "hand_written_loop_seconds": med(raw),
-        "ratio": med(ratios),
-    }
-
-
-def _metric_update_ms(batch_size: int, n: int = 200) -> float:
-    """Milliseconds of the template's per-step training metric work (ClassificationModule._add_to_train_sums: the
-    loss and the correct predictions added to two sums on the device) on one batch of logits: work the raw loop does
-    not do. (It replaced torchmetrics' MeanMetric + MulticlassAccuracy updates per step, many times its cost:
-    docs/performance-history.md, round 4.)"""
-    import torch
-
-    from project.module import ClassificationModule
-
-    module = ClassificationModule(torch.nn.Identity(), num_classes=10)
-    logits, y, loss = torch.randn(batch_size, 10), torch.randint(0, 10, (batch_size,)), torch.tensor(1.0)
-    for _ in range(10):
-        module._add_to_train_sums(loss, logits, y)
-    t = time.perf_counter()
-    for _ in range(n):
-        module._add_to_train_sums(loss, logits, y)
-    return round((time.perf_counter() - t) / n * 1000, 4)
-
-
-def _iqr(xs: list[float]) -> list[float] | None:
-    if len(xs) < 2:
-        return None
-    q = statistics.quantiles(xs, n=4)
-    return [round(q[0], 4), round(q[2], 4)]
-
-
-def _threads(n: int, fn):
-    """Run fn with n intra-op threads. On cores shared with other jobs, OpenMP workers wait for a busy core and
-    more threads can run a step many times slower (docs/performance-history.md): worth knowing per machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(before)
-
-
-def _paired(base: list, var: list) -> dict:
-    """An option against the default: each run's throughput relative to its own interleaved raw-loop epochs,
-    option over default (so a machine that is slower during one run does not count as the option's effect)."""
-    from bench_loops import epoch_ratios, steady_samples_per_s
-
-    b, v = pooled(base, epoch_ratios), pooled(var, epoch_ratios)
-    return {
-        "samples_per_s": med([steady_samples_per_s(t) for t in var]),
-        "default_samples_per_s": med([steady_samples_per_s(t) for t in base]),
-        "ratio_vs_default": round(statistics.median(v) / statistics.median(b), 4) if b and v else None,
-        "warmup_epoch_seconds": med([t["epoch_seconds"][0] for t in var]),
-    }
-
-
-def _compile(p: dict, tmpl) -> dict:
-    if p["compile_repeats"] == 0:
-        return {
-            "samples_per_s": None,
-            "ratio_vs_default": None,
-            "compile_seconds": None,
-            "skipped": "smoke profile",
-        }
-    base, comp = ab(tmpl, lambda: tmpl(extra=["--model.init_args.compile", "true"]), p["compile_repeats"])
-    result = _paired(base, comp)
-    # Compile happens inside the first epoch: its extra warm-up time over the eager warm-up epoch.
-    result["compile_seconds"] = med(
-        [c["epoch_seconds"][0] - b["epoch_seconds"][0] for b, c in zip(base, comp, strict=True)]
-    )
-    result["first_compile_seconds"] = round(comp[0]["epoch_seconds"][0] - base[0]["epoch_seconds"][0], 3)
-    return result
-
-
-def default_runs(p: dict) -> dict:
-    """`make train` as shipped, in a fresh process: train seconds, test acc, startup, peak RSS."""
-    root = ROOT
-    runs = []
-    for _ in range(p["default_runs"]):
-        # What start-up is compared with, each in a fresh process next to the run: the imports alone, and the
-        # CLI's help (imports, the parser's set-up from every class's signature, printing).
-        references = {
-            "import_torch_lightning_seconds": [sys.executable, "-c", "import torch, lightning"],
-            "fit_help_seconds": [sys.executable, "-m", "project", "fit", "--help"],  # the short help
-            "fit_help_all_seconds": [sys.executable, "-m", "project", "fit", "--help-all"],  # LightningCLI's
-        }
-        timed = {}
-        for key, ref in references.items():
-            t0 = time.time()
-            subprocess.run(ref, cwd=root, env=os.environ, stdout=subprocess.DEVNULL, check=True)
-            timed[key] = round(time.time() - t0, 3)
-        with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
-            probe = Path(tmp) / "first_step"
-            env = {
-                **os.environ,
-                "BENCH_FIRST_STEP_FILE": str(probe),
-                "PYTHONPATH": os.pathsep.join(
-                    [str(root / "scripts"), str(root), os.environ.get("PYTHONPATH", "")]
-                ),
-            }
-            cmd = [
-                sys.executable,
-                "-m",
-                "project",
-                "fit",
-                "--config",
-                str(root / "configs/default.yaml"),
-                "--run_dir",
-                f"{tmp}/run",
-                "--trainer.callbacks+=bench_probe.FirstStepProbe",
-                *p["default_args"],
-            ]
-            with open(Path(tmp) / "log.txt", "w") as log:
-                start = time.time()
-                proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-                _, status, usage = os.wait4(proc.pid, 0)
-                proc.returncode = os.waitstatus_to_exitcode(status)
-            if proc.returncode != 0:
-                raise RuntimeError(
-                    f"`{' '.join(cmd)}` failed:\n{(Path(tmp) / 'log.txt').read_text()[-3000:]}"
-                )
-            summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
-            marks = json.loads(probe.read_text())  # bench_probe.py: when each part of the start-up ended
-            runs.append(
-                {
-                    "train_seconds": summary["train_seconds"],
-                    "test_acc": summary.get("test_acc"),
-                    "startup_seconds": round(marks["first_step"] - start, 3),
-                    # The start-up's parts, each from the end of the one before: the imports and the parser's
-                    # set-up (up to the probe's own import, during parsing), parse + build, setup (loggers,
-                    # config.yaml, hparams, model summary), the sanity check + the first step.
-                    "startup_parts_seconds": {
-                        "imports_and_parser_setup": round(marks["imported"] - start, 3),
-                        "parse_and_build": round(marks["setup"] - marks["imported"], 3),
-                        "setup": round(marks["sanity_check"] - marks["setup"], 3),
-                        "sanity_check_and_first_step": round(marks["first_step"] - marks["sanity_check"], 3),
-                    },
-                    "dynamo_imported_at_start": marks["dynamo_imported"],
-                    **timed,
-                    "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-                    "epochs": summary["epochs"],
-                }
-            )
-    keys = ("train_seconds", "test_acc", "startup_seconds", "peak_rss_mb", *references)
-    parts = runs[0]["startup_parts_seconds"]
-    return {
-        **{k: med([r[k] for r in runs]) for k in keys},
-        "startup_parts_seconds": {k: med([r["startup_parts_seconds"][k] for r in runs]) for k in parts},
-        "dynamo_imported_at_start": all(r["dynamo_imported_at_start"] for r in runs),
-        "epochs": runs[0]["epochs"],
-        "runs": runs,
-        "args": p["default_args"],
+        "device": torch.cuda.get_device_name(0) if DEVICE.type == "cuda" else f"CPU: {cpu}",
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "precision": PRECISION,
+        "torch": torch.__version__,
+        "lightning": L.__version__,
+        "python": platform.python_version(),
     }
 
 
 def table(res: dict) -> str:
-    t, ld, d = res["throughput"], res["loader"], res["default_run"]
+    t, s, f, d, m = (
+        res["template"],
+        res["stock_lightning"],
+        res["whole_fit"],
+        res["default_run"],
+        res["machine"],
+    )
     rows = [
+        ("**template ÷ stock Lightning**, same settings", f"**{res['template_vs_stock_lightning']}**"),
         (
-            f"throughput_ratio (template / raw loop, median of {t['epoch_pairs']} interleaved epoch pairs, IQR)",
-            f"{t['throughput_ratio']} ({t['throughput_ratio_iqr']})",
-        ),
-        ("throughput_ratio_cpu_time (same, per process CPU second)", t["throughput_ratio_cpu_time"]),
-        (
-            "throughput_ratio_vs_tuned_loop (raw loop with fused AdamW + channels_last, IQR)",
-            f"{t['throughput_ratio_vs_tuned_loop']} ({t['throughput_ratio_vs_tuned_loop_iqr']})",
+            f"template ÷ loop (median of {t['epoch_pairs']} epoch pairs; IQR)",
+            f"{t['vs_loop']}; {t['vs_loop_iqr']}",
         ),
         (
-            f"overhead vs tuned loop: per step ms (of {t['tuned_loop_step_ms']}) | per epoch ms "
-            f"({t['steps_per_epoch']} steps; raw validation {t['tuned_loop_epoch_rest_ms']} ms)",
-            f"{t['per_step_overhead_ms']} | {t['per_epoch_overhead_ms']}",
-        ),
-        ("of the per-epoch overhead: checkpoint writes ms per epoch", res["checkpoint_ms_per_epoch"]),
-        (
-            "Lightning's loop alone (no logger, checkpoint, bar, metrics) / tuned loop; its overhead per step ms | "
-            "per epoch ms",
-            f"{t['bare_lightning_vs_tuned_loop']}; {t['bare_lightning_per_step_overhead_ms']} | "
-            f"{t['bare_lightning_per_epoch_overhead_ms']}",
+            f"stock Lightning ÷ loop (median of {s['epoch_pairs']} epoch pairs; IQR)",
+            f"{s['vs_loop']}; {s['vs_loop_iqr']}",
         ),
         (
-            "template / Lightning's loop alone (its ceiling), from the two ratios to the tuned loop: default "
-            "(public API only) | with configs/fast_cpu.yaml",
-            f"{t.get('template_vs_bare_lightning')} | {t.get('fast_cpu_template_vs_bare_lightning')}",
+            f"overhead over the loop, per step (the loop's step: {t['loop_step_ms']} ms) / per epoch: template; stock",
+            f"{t['per_step_overhead_ms']} / {t['per_epoch_overhead_ms']} ms; "
+            f"{s['per_step_overhead_ms']} / {s['per_epoch_overhead_ms']} ms",
         ),
         (
-            "Lightning with the template's settings (stock parts: ModelCheckpoint best + last, TensorBoard + CSV, "
-            "LR monitor, the same metrics; no bar) / tuned loop; its overhead per step ms | per epoch ms",
-            f"{t['stock_lightning_vs_tuned_loop']}; {t['stock_lightning_per_step_overhead_ms']} | "
-            f"{t['stock_lightning_per_epoch_overhead_ms']}",
+            "samples/s: template / stock Lightning / loop",
+            f"{t['samples_per_s']:.0f} / {s['samples_per_s']:.0f} / {t['loop_samples_per_s']:.0f}",
         ),
         (
-            "template / Lightning with the same settings (target >= 0.97): default (public API only) | with "
-            "configs/fast_cpu.yaml",
-            f"{t.get('template_vs_stock_lightning')} | {t.get('fast_cpu_template_vs_stock_lightning')}",
+            "warm-up epoch s: template / stock Lightning",
+            f"{t['warmup_epoch_seconds']} / {s['warmup_epoch_seconds']}",
         ),
         (
-            f"whole fit ({res['fit']['epochs']} epochs) s: template | hand-written loop, same work | ratio",
-            f"{res['fit']['template_fit_seconds']} | {res['fit']['hand_written_loop_seconds']} | "
-            f"{res['fit']['ratio']}",
-        ),
-        ("progress bar: time in its hooks / steady epoch time", res["progress_bar_hook_fraction"]),
-        (
-            "template samples/s | raw loop samples/s",
-            f"{t['template_samples_per_s']:.0f} | {t['raw_loop_samples_per_s']:.0f}",
+            f"whole trainer.fit ({f['epochs']} epochs) ÷ the loop doing the same work",
+            f"{f['ratio']} ({f['template_seconds']} s vs {f['loop_seconds']} s)",
         ),
         (
-            "warm-up epoch s (template | raw)",
-            f"{t['template_warmup_epoch_seconds']} | {t['raw_warmup_epoch_seconds']}",
-        ),
-        ("data_wait_fraction", res["data_wait_fraction"]),
-        (
-            "loader samples/s (DataLoader | in-memory, speedup)",
-            f"{ld['dataloader_samples_per_s']:.0f} | {ld['in_memory_samples_per_s']:.0f} (x{ld['in_memory_speedup']})",
-        ),
-        ("model consumes samples/s", ld["model_consumes_samples_per_s"]),
-        (
-            "default run: train s | test acc | startup s | peak RSS MB",
-            f"{d['train_seconds']} | {d['test_acc']} | {d['startup_seconds']} | {d['peak_rss_mb']}",
-        ),
-        (
-            "startup s: imports + parser set-up | parse + build | setup | sanity check + first step "
-            "(torch._dynamo imported)",
-            " | ".join(str(v) for v in d["startup_parts_seconds"].values())
-            + f" ({d['dynamo_imported_at_start']})",
-        ),
-        (
-            "startup s (command to first step) | `python -c 'import torch, lightning'` | `python -m project fit "
-            "--help` | `--help-all`, fresh processes",
-            f"{d['startup_seconds']} | {d['import_torch_lightning_seconds']} | {d['fit_help_seconds']} | "
-            f"{d['fit_help_all_seconds']}",
+            "`make train`: training s / test acc / command to first step s (`import torch, lightning`) / peak RSS MB",
+            f"{d['train_seconds']} / {d['test_acc']} / {d['startup_seconds']} ({d['import_torch_lightning_seconds']})"
+            f" / {d['peak_rss_mb']}",
         ),
     ]
     rows += [
-        (
-            f"batch {bs} vs tuned loop: samples/s template / raw, ratio; overhead ms per step (of step ms) / "
-            "per epoch; train metric updates ms",
-            f"{v['template_samples_per_s']:.0f} / {v['raw_loop_samples_per_s']:.0f}, {v['ratio']}; "
-            f"{v['per_step_overhead_ms']} ({v['tuned_loop_step_ms']}) / {v['per_epoch_overhead_ms']}; "
-            f"{v['train_metrics_update_ms']}",
-        )
-        for bs, v in res["scaling"]["batch_size"].items()
+        (f"option {k}: × default (warm-up epoch s)", f"×{v['vs_default']} ({v['warmup_epoch_seconds']})")
+        for k, v in res["options"].items()
     ]
-    rows += [
-        (f"in-memory loader, {n} images: samples/s", f"{v:.0f}")
-        for n, v in res["scaling"]["dataset_size_in_memory_samples_per_s"].items()
-    ]
-    for name, v in res["options"].items():
-        extra = f", compile {v.get('compile_seconds')} s" if name == "compile" else ""
-        rows.append(
-            (
-                f"option {name}: samples/s (x default)",
-                f"{v['samples_per_s']} (x{v['ratio_vs_default']}){extra}",
-            )
-        )
-    m = res["machine"]
-    head = f"`make bench` ({res['profile']}), {m['date_utc']} UTC, {m['device']}, {m['cpus']} CPUs, load {m['load_avg_1min_at_start']:.1f}, torch {m['torch']}, lightning {m['lightning']}"
-    return "\n".join([head, "", "| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+    head = f"`make bench` ({res['profile']}): {m['device']}, {m['cpus']} CPUs, {m['precision']}"
+    head += f", torch {m['torch']}, lightning {m['lightning']}"
+    return "\n".join([head, "", "| figure | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="2 repeats, fewer sizes")
+    g.add_argument("--quick", action="store_true", help="2 rounds, 3 epochs a run")
     g.add_argument(
-        "--smoke", action="store_true", help="every key, 1 repeat, 2 batches: a test, not a measurement"
-    )
-    ap.add_argument("--gpu", action="store_true", help="ResNet-18 on CIFAR-shaped synthetic data, CUDA")
-    ap.add_argument(
-        "--gpu-size", type=int, default=50_000, help="--gpu: synthetic images (tiny values dry-run on CPU)"
+        "--smoke", action="store_true", help="every key, 1 round of 2 batches: a test, not a measurement"
     )
     ap.add_argument("--out", default="runs/bench/bench.json", help="where the JSON goes")
     args = ap.parse_args()
     profile = "smoke" if args.smoke else "quick" if args.quick else "full"
     started = time.perf_counter()
-    if args.gpu:
-        from bench_gpu import bench_gpu
-
-        res = {"profile": profile, **bench_gpu(args.gpu_size, PROFILES[profile]["repeats"])}
-    else:
-        p = PROFILES[profile]
-        res = {"profile": profile, **bench_cpu(p), "default_run": default_runs(p)}
-        res["defaults_follow"] = (
-            "configs/default.yaml: 32-true, eager (no compile), channels_last, fused AdamW, in-memory loader, "
-            "progress bar redrawn at most every 0.5 s: see options.*.ratio_vs_default (an option there is the "
-            "change from the default); a default changes only where its ratio is reliably > 1."
-        )
+    res = {"profile": profile, "machine": machine(), **bench(PROFILES[profile], args.smoke)}
     res["bench_seconds"] = round(time.perf_counter() - started, 1)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
-    print(res.get("table") or (table(res) if not args.gpu else json.dumps(res, indent=2)))
+    print(table(res))
     print(f"\nwrote {out} in {res['bench_seconds']} s")
 
 

@@ -3,21 +3,21 @@
     scripts/gpu_check.sh [OUT_DIR]             # on a CUDA machine, <= 5 minutes; OUT_DIR defaults to runs/gpu_check
     scripts/gpu_check.sh --dry-run [OUT_DIR]   # the same stages on CPU, tiny sizes (tests/test_gpu_check.py)
 
-Every stage runs what a user runs (`python3 -m project ...`, `scripts/bench.py --gpu`) on this machine's own
-Python, and writes `<OUT_DIR>/<stage>.json` the moment it ends, then `<OUT_DIR>/summary.json` (every stage so far),
-so a check cut short by a time limit still leaves what finished. Stages, cheapest and most telling first:
+Every stage runs what a user runs (`python3 -m project ...`, `scripts/bench.py`) on this machine's own Python, and
+writes `<OUT_DIR>/<stage>.json` the moment it ends, then `<OUT_DIR>/summary.json` (every stage so far), so a check
+cut short by a time limit still leaves what finished. Stages, cheapest and most telling first:
 
-- environment: Python, torch (any >= 2.6, the project's floor), CUDA, GPU, lightning; where each package that
+- environment: Python, torch (any >= 2.6, the project's floor), CUDA, GPU, NCCL, lightning; where each package that
   came as a wheel was imported from;
 - doctor: `python3 -m project doctor`, its checks and exit code;
-- fit: `python3 -m project fit` with configs/default.yaml (precision left to the hardware: bf16-mixed on a bf16
-  GPU), the in-memory loader building batches on the GPU, plus gpu_check_probes.Probe, which writes fit_probe.json
-  (device, precision, loader, peak GPU memory) and sync_debug.json (host syncs in steady-state steps);
-- nondeterministic: a model with AdaptiveAvgPool2d(7) (as in VGG) under the default `deterministic: true` must
-  end in one paragraph naming `--trainer.deterministic warn` (exit code 2), and then train with that flag;
+- fit: `python3 -m project fit` with configs/default.yaml (precision left to the hardware), plus gpu_check_probes.Probe,
+  which writes fit_probe.json (device, precision, loader, peak GPU memory) and sync_debug.json (host syncs in
+  steady-state steps);
+- nondeterministic: a model with AdaptiveAvgPool2d(7) (as in VGG) under the default `deterministic: true` must end
+  in one paragraph naming `--trainer.deterministic warn` (exit code 2), and then train with that flag (GPU only);
 - ddp: the fit again with configs/ddp.yaml on 1 device: a DDP process group (NCCL on the GPU, gloo in the dry-run);
-- bench: `scripts/bench.py --gpu` (ResNet-18 on CIFAR-shaped synthetic data, template vs raw loop images/s),
-  given whatever time the 5-minute budget has left.
+- bench: `scripts/bench.py --quick` (`--smoke` in the dry-run): template vs hand-written loop vs stock Lightning on
+  the device, given whatever time the 5-minute budget has left.
 
 The exit code is 0 when every stage passed.
 """
@@ -49,32 +49,35 @@ WHEEL_PACKAGES = (
 BUDGET_S = 290  # the whole check within 5 minutes on one GPU, start-up of this script included
 # Per-stage caps (s): a hung stage cannot eat the others' time. Each is also cut to what the budget has left.
 CAPS = {"doctor": 60, "fit": 120, "nondeterministic": 100, "ddp": 90, "bench": 200}
+FIT = [sys.executable, "-m", "project", "fit", "--config", "configs/default.yaml"]
 
 
 class Check:
-    def __init__(self, out: Path, dry_run: bool, budget_s: float, jobs: int = 1) -> None:
-        self.jobs = jobs
-        # The dry-run on a CPU machine forks its Python stages from this process once it has imported torch and
-        # lightning (see fork_ready); None: every stage is a new interpreter, as on the GPU machine.
-        self.forks: threading.Lock | None = None
+    def __init__(self, out: Path, dry_run: bool, budget_s: float) -> None:
         self.out, self.dry_run, self.budget_s = out, dry_run, budget_s
         self.started = time.perf_counter()
         self.stages: list[dict] = []
         self.summary: dict = {"dry_run": dry_run, "out": str(out), "stages": self.stages}
         self.lock = threading.Lock()
+        # The dry-run on a CPU machine forks its Python stages from this process once it has imported torch and
+        # lightning (fork_ready); None: every stage is a new interpreter, as on the GPU machine.
+        self.forks: threading.Lock | None = None
 
     def remaining(self) -> float:
         return self.budget_s - (time.perf_counter() - self.started)
 
     def write(self, name: str, data: dict) -> None:
-        path = self.out / f"{name}.json"
-        tmp = path.with_suffix(".tmp")
+        tmp = self.out / f"{name}.tmp"
         tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-        tmp.replace(path)
+        tmp.replace(self.out / f"{name}.json")
 
-    def record(self, name: str, result: dict, file: str | None = None) -> None:
-        """Write the stage's JSON (unless `file`, written by the stage itself) and the summary so far; print a line."""
-        result = {"stage": name, **result}
+    def read(self, name: str) -> dict:
+        path = self.out / f"{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def record(self, name: str, result: dict, problems: list[str], file: str | None = None) -> None:
+        """The stage's JSON (unless `file`, written by the stage itself) and the summary so far; a line printed."""
+        result = {"stage": name, **result, "passed": not problems, "why": "; ".join(problems) or None}
         with self.lock:
             if file is None:
                 self.write(name, result)
@@ -83,54 +86,46 @@ class Check:
             self.summary["seconds"] = round(time.perf_counter() - self.started, 1)
             self.summary["passed"] = all(s["passed"] for s in self.stages)
             self.write("summary", self.summary)
-            verdict = "passed" if result["passed"] else f"FAILED: {result.get('why')}"
-            print(f"[gpu_check] {name}: {verdict} ({result.get('seconds') or 0:.1f} s)", flush=True)
+        verdict = "passed" if not problems else f"FAILED: {result['why']}"
+        print(f"[gpu_check] {name}: {verdict} ({result.get('seconds') or 0:.1f} s)", flush=True)
 
     def run(self, name: str, argv: list[str], log: str | None = None, timeout: float | None = None) -> dict:
-        """Run a command from the repository root within this stage's cap (or `timeout`) and the budget left.
-
-        stdout and stderr go to <log>.out.log and <log>.err.log as they come. A command past its time is killed
-        with its whole process group (DDP ranks included); CPU seconds are the process's and its children's.
-        """
-        cap = CAPS[name] if not self.dry_run else self.budget_s  # the dry-run's speed depends on a shared CPU
+        """Run a command from the repository root within this stage's cap (or `timeout`) and the budget left;
+        stdout and stderr go to <log>.out.log and <log>.err.log. A command past its time is killed with its whole
+        process group (DDP ranks included); CPU seconds are the process's and its children's."""
+        cap = self.budget_s if self.dry_run else CAPS[name]  # the dry-run's speed depends on a shared CPU
         timeout = max(1.0, min(cap if timeout is None else timeout, self.remaining()))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        log = log or name
-        out_path, err_path = self.out / f"{log}.out.log", self.out / f"{log}.err.log"
+        out_path, err_path = self.out / f"{log or name}.out.log", self.out / f"{log or name}.err.log"
         t0 = time.perf_counter()
         with out_path.open("w") as out, err_path.open("w") as err:
             out.write(f"$ {shlex.join(argv)}\n")
             out.flush()
             if self.forks is not None and argv[0] == sys.executable and name != "doctor":
-                proc = _Forked(argv, env, out, err, self.forks)
+                pid = fork(argv, env, out, err, self.forks)
             else:
                 proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    rc: int | str = os.waitstatus_to_exitcode(status)
-                    break
-                if time.perf_counter() - t0 > timeout:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    _, status, usage = os.wait4(proc.pid, 0)
-                    rc = f"killed after {timeout:.0f} s (time limit)"
-                    break
+                pid, proc.returncode = (
+                    proc.pid,
+                    -1,
+                )  # reaped below: Popen must not wait for it (or reap it) again
+            while not (done := os.wait4(pid, os.WNOHANG))[0] and time.perf_counter() - t0 <= timeout:
                 time.sleep(0.1)
-            proc.returncode = -1  # reaped above; Popen must not wait for it again
-        stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
+            if done[0]:
+                rc: int | str = os.waitstatus_to_exitcode(done[1])
+            else:
+                os.killpg(pid, signal.SIGKILL)
+                done, rc = os.wait4(pid, 0), f"killed after {timeout:.0f} s (time limit)"
+        usage = done[2]
         return {
             "command": shlex.join(argv),
             "returncode": rc,
             "seconds": round(time.perf_counter() - t0, 1),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
-            "stdout_tail": stdout[-2000:],
-            "stderr_tail": stderr[-3000:],
+            "stdout_tail": out_path.read_text(errors="replace")[-2000:],
+            "stderr_tail": err_path.read_text(errors="replace")[-3000:],
             "logs": [out_path.name, err_path.name],
         }
-
-    def read(self, name: str) -> dict | None:
-        path = self.out / f"{name}.json"
-        return json.loads(path.read_text()) if path.is_file() else None
 
     def overlay(self, name: str, **probe_args) -> str:
         """A config overlay that appends gpu_check_probes.Probe to the default config's callbacks."""
@@ -141,61 +136,66 @@ class Check:
         )
         return str(path)
 
+    def sizes(self, epochs: int) -> list[str]:
+        """The dry-run's tiny sizes; on the GPU the whole digits set (~20 steps an epoch)."""
+        limits = [
+            a
+            for split, n in (("train", 6), ("val", 2), ("test", 2))
+            for a in (f"--trainer.limit_{split}_batches", str(n))
+        ]
+        return (
+            ["--trainer.max_epochs", "1", *limits] if self.dry_run else ["--trainer.max_epochs", str(epochs)]
+        )
 
-class _Forked:
+
+def fork(argv: list[str], env: dict, out, err, lock: threading.Lock) -> int:
     """A stage's `python -m ...` or `python script.py ...` as a fork of this process in a session of its own (the
-    dry-run's stand-in for a new interpreter): run() waits for it, kills its group and reads its logs as it does a
-    subprocess's. It skips the seconds a new interpreter spends importing torch and lightning again (`make bench`:
-    default_run.import_torch_lightning_seconds); the code a stage runs is the same."""
-
-    def __init__(self, argv: list[str], env: dict, out, err, lock: threading.Lock) -> None:
-        with lock:  # one fork at a time, from a thread that holds no lock a child could need
-            sys.stdout.flush()
-            sys.stderr.flush()
-            self.pid = os.fork()
-        self.returncode = None
-        if self.pid:
-            return
-        code = 1  # the child never returns into the check, whatever happens
-        try:
-            os.setsid()
-            os.dup2(out.fileno(), 1)
-            os.dup2(err.fileno(), 2)
-            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the child's whole life)
-            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-            os.environ.clear()
-            os.environ.update(env)
-            if argv[1] == "-m":
-                sys.argv = [argv[2], *argv[3:]]
-                runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
-            else:
-                sys.argv = argv[1:]
-                runpy.run_path(argv[1], run_name="__main__")
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except BaseException:  # noqa: BLE001 (on the stage's stderr, as a new interpreter would print it)
-            traceback.print_exc()
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:  # noqa: BLE001, S110
-                    pass
-            os._exit(code)
+    dry-run's stand-in for a new interpreter, without importing torch and lightning again); the code it runs is the
+    same. Check.run waits for it, kills its group and reads its logs as it does a subprocess's."""
+    with lock:  # one fork at a time, from a thread that holds no lock a child could need
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+    if pid:
+        return pid
+    code = 1  # the child never returns into the check, whatever happens
+    try:
+        os.setsid()
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the child's whole life)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        os.environ.clear()
+        os.environ.update(env)
+        if argv[1] == "-m":
+            sys.argv = [argv[2], *argv[3:]]
+            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv[1:]
+            runpy.run_path(argv[1], run_name="__main__")
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:  # noqa: BLE001 (on the stage's stderr, as a new interpreter would print it)
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001, S110
+                pass
+        os._exit(code)
 
 
 def fork_ready(check: Check) -> None:
-    """The dry-run on a machine without CUDA: import what every stage imports (torch, lightning, the project's
-    CLI) once here, so that the stages can be forks of this process. Not on the GPU machine (CUDA must not be
-    initialised before a fork), and not where torch runs more than one intra-op thread (OpenMP's pool does not
-    survive a fork). The doctor stays a new interpreter, as every stage is on the GPU machine."""
+    """The dry-run on a machine without CUDA: import what every stage imports once here, so that the stages can be
+    forks of this process. Not on the GPU machine (CUDA must not be initialised before a fork), and not where torch
+    runs more than one intra-op thread (OpenMP's pool does not survive a fork)."""
     import torch
 
-    if not check.dry_run or torch.cuda.is_available() or torch.get_num_threads() != 1:
-        return
-    importlib.import_module("project.cli")
-    check.forks = threading.Lock()
+    if check.dry_run and not torch.cuda.is_available() and torch.get_num_threads() == 1:
+        importlib.import_module("project.cli")
+        check.forks = threading.Lock()
 
 
 def _version(v: str) -> tuple[int, ...]:
@@ -225,17 +225,15 @@ def environment(check: Check) -> bool:
             info["packages"][dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             info["packages"][dist] = None
-    problems = []
-    site = info["wheels_installed_into"]
+    problems, site = [], info["wheels_installed_into"]
     for module in WHEEL_PACKAGES:
         try:
-            where = str(Path(importlib.import_module(module).__file__).parent)
+            where = info["packages"][module] = str(Path(importlib.import_module(module).__file__).parent)
         except ImportError as err:
             problems.append(
                 f"{module} does not import ({err}): run scripts/gpu_check.sh --prepare where a registry is reachable"
             )
             continue
-        info["packages"][module] = where
         if site and not where.startswith(site):
             problems.append(f"{module} imports from {where}, not from the installed wheels in {site}")
     if _version(torch.__version__) < FLOOR:
@@ -244,74 +242,43 @@ def environment(check: Check) -> bool:
         )
     if not check.dry_run and not cuda:
         problems.append("no CUDA device visible to torch: on a machine without a GPU use --dry-run")
-    if not check.dry_run and cuda and info["packages"]["lightning"] is None:
+    if info["packages"]["lightning"] is None:
         problems.append("lightning is not installed")
-    print(
-        f"[gpu_check] torch {torch.__version__} (CUDA {torch.version.cuda}), {info['gpu'] or 'no GPU'}, Python {info['python']}"
-    )
+    print(f"[gpu_check] torch {torch.__version__} (CUDA {torch.version.cuda}), {info['gpu'] or 'no GPU'}")
     check.summary |= {k: info[k] for k in ("torch", "gpu", "bf16_supported", "python")}
-    check.record(
-        "environment",
-        {
-            **info,
-            "passed": not problems,
-            "why": "; ".join(problems) or None,
-            "seconds": round(time.perf_counter() - t0, 1),
-        },
-    )
+    check.record("environment", {**info, "seconds": round(time.perf_counter() - t0, 1)}, problems)
     return not problems
 
 
 def doctor(check: Check) -> None:
     r = check.run("doctor", [sys.executable, "-m", "project", "doctor"])
-    lines = (r["stdout_tail"] + r["stderr_tail"]).splitlines()
-    r["checks"] = [line for line in lines if line.startswith(("ok:", "problem:"))]
-    r["passed"] = r["returncode"] == 0
-    r["why"] = (
-        None
-        if r["passed"]
-        else "; ".join(x for x in r["checks"] if x.startswith("problem:")) or f"exit code {r['returncode']}"
-    )
-    check.record("doctor", r)
-
-
-def _sizes(check: Check, epochs: int) -> list[str]:
-    """The dry-run's tiny sizes; on the GPU the whole digits set (~20 steps an epoch)."""
-    if check.dry_run:
-        shrink = [
-            "--trainer.limit_train_batches",
-            "6",
-            "--trainer.limit_val_batches",
-            "2",
-            "--trainer.limit_test_batches",
-            "2",
-        ]
-        return ["--trainer.max_epochs", "1", *shrink]
-    return ["--trainer.max_epochs", str(epochs)]
+    r["checks"] = [
+        x for x in (r["stdout_tail"] + r["stderr_tail"]).splitlines() if x.startswith(("ok:", "problem:"))
+    ]
+    bad = [x for x in r["checks"] if x.startswith("problem:")] or [f"exit code {r['returncode']}"]
+    check.record("doctor", r, [] if r["returncode"] == 0 else bad)
 
 
 def fit(check: Check) -> None:
-    # On the GPU the fit's second epoch (the first has cuDNN's autotuning); in the dry-run's single epoch of 6
-    # batches, batches 2-4.
-    window = (
-        {"window_epoch": 0, "window_start": 2, "window_steps": 3}
-        if check.dry_run
-        else {"window_epoch": 1, "window_start": 2, "window_steps": 12}
-    )
+    # On the GPU the fit's second epoch (the first has cuDNN's autotuning); in the dry-run's one epoch, batches 2-4.
+    window = {
+        "window_epoch": 0 if check.dry_run else 1,
+        "window_start": 2,
+        "window_steps": 3 if check.dry_run else 12,
+    }
     run_dir = check.out / "stage_runs" / "fit"
-    argv = [sys.executable, "-m", "project", "fit", "--config", "configs/default.yaml", "--config"]
-    argv += [check.overlay("fit_probe", **window), *_sizes(check, 3), "--run_dir", str(run_dir)]
-    r = check.run("fit", argv)
-    probe = check.read("fit_probe") or {}
-    summary_path = run_dir / "summary.json"
-    r["run_summary"] = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-    r["probe"] = probe
+    r = check.run(
+        "fit",
+        [*FIT, "--config", check.overlay("fit_probe", **window), *check.sizes(3), "--run_dir", str(run_dir)],
+    )
+    r["probe"] = probe = check.read("fit_probe")
+    r["run_summary"] = (
+        json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else None
+    )
     # project/cli.py auto_precision: bf16-mixed on a GPU with bf16, 16-mixed on an older one, 32-true on CPU.
     bf16 = check.summary.get("bf16_supported")
     expected = "32-true" if check.dry_run else "bf16-mixed" if bf16 else "16-mixed"
-    problems = []
-    if r["returncode"] != 0:
-        problems.append(f"exit code {r['returncode']}")
+    problems = [] if r["returncode"] == 0 else [f"exit code {r['returncode']}"]
     if probe.get("precision") != expected:
         problems.append(f"precision {probe.get('precision')}, expected {expected} (auto)")
     if not probe.get("batch_on_training_device"):
@@ -320,39 +287,28 @@ def fit(check: Check) -> None:
         problems.append(f"train loader {probe.get('train_loader')}, expected the in-memory loader")
     if not check.dry_run and not str(probe.get("device", "")).startswith("cuda"):
         problems.append(f"trained on {probe.get('device')}")
-    r |= {"passed": not problems, "why": "; ".join(problems) or None}
-    check.summary["peak_gpu_memory_allocated_mib"] = probe.get("peak_gpu_memory_allocated_mib")
-    check.summary["peak_gpu_memory_reserved_mib"] = probe.get("peak_gpu_memory_reserved_mib")
-    check.record("fit", r)
+    for key in ("peak_gpu_memory_allocated_mib", "peak_gpu_memory_reserved_mib"):
+        check.summary[key] = probe.get(key)
+    check.record("fit", r, problems)
     sync = check.read("sync_debug")
-    if sync is None:
-        check.record(
-            "sync_debug",
-            {
-                "passed": False,
-                "why": "the probe wrote no sync_debug.json (the window never ran)",
-                "seconds": 0,
-            },
-        )
+    if not sync:
+        problems = ["the probe wrote no sync_debug.json (the window never ran)"]
+    elif sync.get("canary_caught") is False:
+        problems = ["the canary .item() was not caught"]
     else:
-        why = None
-        if not sync["passed"]:
-            outside = sync["syncs_outside_logging_steps"]
-            why = (
-                "the canary .item() was not caught"
-                if sync.get("canary_caught") is False
-                else f"{outside} host sync(s) in steady-state steps: see sync_debug.json"
-            )
-        check.record(
-            "sync_debug",
-            {"passed": sync["passed"], "why": why, "seconds": sync["window"]["seconds"]},
-            file="sync_debug.json",
+        outside = sync["syncs_outside_logging_steps"]
+        problems = (
+            []
+            if sync["passed"]
+            else [f"{outside} host sync(s) in steady-state steps (or an error): see sync_debug.json"]
         )
+    check.record(
+        "sync_debug", {"seconds": sync.get("window", {}).get("seconds", 0)}, problems, "sync_debug.json"
+    )
 
 
 def nondeterministic(check: Check) -> None:
-    base = [sys.executable, "-m", "project", "fit", "--config", "configs/default.yaml"]
-    base += ["--model.init_args.model", "gpu_check_probes.AdaptivePoolNet", "--trainer.max_epochs", "1"]
+    base = [*FIT, "--model.init_args.model", "gpu_check_probes.AdaptivePoolNet", "--trainer.max_epochs", "1"]
     base += [
         "--trainer.limit_train_batches",
         "3",
@@ -364,99 +320,77 @@ def nondeterministic(check: Check) -> None:
     r = check.run(
         "nondeterministic", [*base, "--run_dir", str(check.out / "stage_runs" / "nondeterministic")]
     )
-    err = r["stderr_tail"]
-    paragraph = err.strip().split("\n\n")[-1] if err.strip() else ""
-    problems = []
-    if r["returncode"] != 2:
-        problems.append(f"exit code {r['returncode']}, expected 2")
+    err = r["stderr_tail"].strip()
+    r["error_paragraph"] = paragraph = err.split("\n\n")[-1] if err else ""
+    problems = [] if r["returncode"] == 2 else [f"exit code {r['returncode']}, expected 2"]
     if "--trainer.deterministic warn" not in paragraph or not paragraph.startswith("error:"):
         problems.append("the last paragraph on stderr is not the error naming --trainer.deterministic warn")
     if "Traceback" in err:
         problems.append("a traceback instead of one paragraph")
-    r["error_paragraph"] = paragraph
-    # The same run with the flag the paragraph names must train. Not in the dry-run: on CPU it is the same command
-    # plus one flag (one more start-up and fit), and the CPU stand-in's warn path is torch's Python helper, not
-    # the CUDA kernel's.
+    # The same run with the flag the paragraph names must train. Not in the dry-run: on CPU the warn path is
+    # torch's Python helper, not the CUDA kernel's, and it costs one more start-up and fit.
+    r["with_deterministic_warn"] = "not run in the dry-run"
     left = CAPS["nondeterministic"] - r["seconds"]
-    if check.dry_run:
-        r["with_deterministic_warn"] = "not run in the dry-run"
-    elif left > 10:
-        warn = check.run(
-            "nondeterministic",
-            [
-                *base,
-                "--trainer.deterministic",
-                "warn",
-                "--run_dir",
-                str(check.out / "stage_runs" / "nondeterministic_warn"),
-            ],
-            log="nondeterministic_warn",
-            timeout=left,
-        )
-        r["with_deterministic_warn"] = {
-            k: warn[k] for k in ("command", "returncode", "seconds", "cpu_seconds", "logs")
-        }
+    if not check.dry_run and left > 10:
+        argv = [
+            *base,
+            "--trainer.deterministic",
+            "warn",
+            "--run_dir",
+            str(check.out / "stage_runs" / "nondet_warn"),
+        ]
+        warn = check.run("nondeterministic", argv, log="nondeterministic_warn", timeout=left)
+        r["with_deterministic_warn"] = {k: warn[k] for k in ("command", "returncode", "seconds", "logs")}
         if warn["returncode"] != 0:
             problems.append(f"with --trainer.deterministic warn: exit code {warn['returncode']}")
         r["seconds"] = round(r["seconds"] + warn["seconds"], 1)
-        r["cpu_seconds"] = round(r["cpu_seconds"] + warn["cpu_seconds"], 1)
-    r |= {"passed": not problems, "why": "; ".join(problems) or None}
-    check.record("nondeterministic", r)
+    check.record("nondeterministic", r, problems)
 
 
 def ddp(check: Check) -> None:
     argv = [
-        sys.executable,
-        "-m",
-        "project",
-        "fit",
-        "--config",
-        "configs/default.yaml",
+        *FIT,
         "--config",
         "configs/ddp.yaml",
+        "--config",
+        check.overlay("ddp_probe"),
+        "--trainer.devices",
+        "1",
     ]
-    argv += ["--config", check.overlay("ddp_probe"), "--trainer.devices", "1", *_sizes(check, 2)]
-    argv += ["--test_after_fit", "false", "--run_dir", str(check.out / "stage_runs" / "ddp")]
+    argv += [*check.sizes(2), "--test_after_fit", "false", "--run_dir", str(check.out / "stage_runs" / "ddp")]
     r = check.run("ddp", argv)
-    probe = check.read("ddp_probe") or {}
-    r["probe"] = probe
+    r["probe"] = probe = check.read("ddp_probe")
     expected = "gloo" if check.dry_run else "nccl"
     problems = [] if r["returncode"] == 0 else [f"exit code {r['returncode']}"]
-    if probe.get("process_group_backend") != expected or probe.get("strategy") != "DDPStrategy":
+    if (probe.get("strategy"), probe.get("process_group_backend")) != ("DDPStrategy", expected):
         problems.append(
             f"{probe.get('strategy')} on {probe.get('process_group_backend')}, expected DDPStrategy on {expected}"
         )
-    r |= {"passed": not problems, "why": "; ".join(problems) or None}
-    check.record("ddp", r)
+    check.record("ddp", r, problems)
 
 
 def bench(check: Check) -> None:
-    out = check.out / "bench_gpu.json"
-    argv = [sys.executable, "scripts/bench.py", "--gpu", "--out", str(out)]
-    argv += ["--smoke", "--gpu-size", "16"] if check.dry_run else ["--quick"]
+    out = check.out / "bench_figures.json"  # bench.json: the stage's own record
+    argv = [sys.executable, "scripts/bench.py", "--smoke" if check.dry_run else "--quick", "--out", str(out)]
     r = check.run("bench", argv)
-    res = json.loads(out.read_text()) if out.is_file() and r["returncode"] == 0 else None
-    r["bench"] = res
-    gpu = (res or {}).get("gpu", {})
-    r["compile_measured"] = any("compile" in k for k in gpu)
-    problems = [] if res else [f"exit code {r['returncode']}, no {out.name}"]
-    r |= {"passed": not problems, "why": "; ".join(problems) or None}
-    if gpu:
-        check.summary["bench"] = {k: gpu.get(k) for k in gpu if k.endswith(("images_per_s", "ratio"))}
-    check.record("bench", r)
-
-
-def _stage(check: Check, name: str) -> None:
-    if check.remaining() < 10:
-        check.record(
-            name,
-            {"passed": False, "why": f"not run: the {check.budget_s:.0f} s budget is spent", "seconds": 0},
-        )
-    else:
-        STAGES[name](check)
+    r["bench"] = res = json.loads(out.read_text()) if out.is_file() and r["returncode"] == 0 else None
+    if res:
+        check.summary["bench"] = {
+            "template_vs_stock_lightning": res["template_vs_stock_lightning"],
+            **{f"{k}_samples_per_s": res[k]["samples_per_s"] for k in ("template", "stock_lightning")},
+            "loop_samples_per_s": res["template"]["loop_samples_per_s"],
+        }
+    check.record("bench", r, [] if res else [f"exit code {r['returncode']}, no {out.name}"])
 
 
 STAGES = {"doctor": doctor, "fit": fit, "nondeterministic": nondeterministic, "ddp": ddp, "bench": bench}
+
+
+def stage(check: Check, name: str) -> None:
+    if check.remaining() < 10:
+        check.record(name, {"seconds": 0}, [f"not run: the {check.budget_s:.0f} s budget is spent"])
+    else:
+        STAGES[name](check)
 
 
 def main() -> None:
@@ -468,21 +402,19 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out).absolute()  # the stages run from the checkout gpu_check.sh started in (its cwd)
     out.mkdir(parents=True, exist_ok=True)
-    # A previous check's results must not pass for this one's.
-    for stale in [*out.glob("*.json"), *out.glob("*.log"), *out.glob("*.yaml")]:
+    for stale in [*out.glob("*.json"), *out.glob("*.log"), *out.glob("*.yaml")]:  # not this check's results
         stale.unlink()
     shutil.rmtree(out / "stage_runs", ignore_errors=True)
-    check = Check(out, args.dry_run, args.budget_s, args.jobs)
+    check = Check(out, args.dry_run, args.budget_s)
     if environment(check):
         fork_ready(check)
         # One stage at a time by default (the bench's timing and the peak memory are the GPU's alone); the dry-run
         # runs two at a time (each stage is mostly a process importing torch and lightning: one core each).
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for future in [pool.submit(_stage, check, name) for name in STAGES]:
+            for future in [pool.submit(stage, check, name) for name in STAGES]:
                 future.result()
-    print(
-        f"[gpu_check] {'passed' if check.summary['passed'] else 'FAILED'}: {out / 'summary.json'} ({check.summary['seconds']} s)"
-    )
+    verdict = "passed" if check.summary["passed"] else "FAILED"
+    print(f"[gpu_check] {verdict}: {out / 'summary.json'} ({check.summary['seconds']} s)")
     sys.exit(0 if check.summary["passed"] else 1)
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check: doctor, a short fit (bf16), the sync check, a nondeterministic-op error, DDP over NCCL, the GPU
-# bench, peak memory. Each stage writes OUT_DIR/<stage>.json when it ends (docs/performance.md "GPU check").
+# The GPU check: doctor, a short fit (bf16), the sync check, a nondeterministic-op error, DDP over NCCL, `make
+# bench` on the GPU, peak memory. Each stage writes OUT_DIR/<stage>.json when it ends (docs/performance.md "GPU check").
 #
 #   scripts/gpu_check.sh --prepare            where a package registry is reachable: download the wheels the GPU
 #                                             machine's Python lacks into scripts/gpu_wheels/ (git-ignored: copy it

@@ -157,13 +157,10 @@ class Probe(L.Callback):
         self._saved, self._window_done = None, True
         log_every = trainer.log_every_n_steps
         syncs = self.syncs
-        for (
-            s
-        ) in syncs:  # Lightning logs when the count of steps taken reaches a multiple of log_every_n_steps:
-            g = s[
-                "global_step"
-            ]  # at or just before the optimizer step that completes it (both sides allowed)
-            s["logging_step"] = g % log_every == 0 or (g + 1) % log_every == 0
+        # Lightning logs when the count of steps taken reaches a multiple of log_every_n_steps: at or just before
+        # the optimizer step that completes it (both sides allowed).
+        for s in syncs:
+            s["logging_step"] = s["global_step"] % log_every == 0 or (s["global_step"] + 1) % log_every == 0
         unexpected = [s for s in syncs if not s["logging_step"]]
         report = {
             "detector": "torch.cuda.set_sync_debug_mode('warn')" if self._cuda else "none (no CUDA)",

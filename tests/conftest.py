@@ -43,6 +43,7 @@ DOC_PAGES = (
     "docs/performance.md",
     "docs/sweeps.md",
     "docs/recipes.md",
+    "docs/architecture.md",
 )
 
 
@@ -61,7 +62,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         metavar="ID",
-        help="run only the tests marked @pytest.mark.claim(ID) (repeatable); scripts/mutate.py uses it",
+        help="run only the tests marked @pytest.mark.claim(ID) (repeatable); tests/tools/mutate.py uses it",
     )
 
 
@@ -79,7 +80,6 @@ LONGEST_FIRST = (
     "test_any_dataset.py",  # one README launch, one 2-process launch, 3 in-process fits
     "test_cli.py",  # in-process fits, end to end
     "test_resume_kill.py",  # 3 kill -9s; the runs are forks of pytest, no imports
-    "test_bench_data.py",  # in-process: a prepare, 3 short fits, the decode bench on 8 images
     "test_ddp_slurm.py",  # scripts/slurm.sbatch under stand-in SLURM commands
 )
 

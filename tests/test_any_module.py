@@ -19,7 +19,7 @@ TRAIN = "make train CONFIG=configs/autoencoder.yaml"
 EPOCHS = 3
 # The data module standardises each channel to mean 0 and variance 1 over the training split, so predicting any
 # constant image scores a mean squared error of about 1 on the test split; half of that is a model that learned
-# the digits' shapes, which 3 epochs reach with room to spare (figure: docs/performance-history.md).
+# the digits' shapes, which 3 epochs reach with room to spare (0.35 on seed 0).
 LEARNED_MSE = 0.5
 
 

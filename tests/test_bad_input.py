@@ -73,7 +73,7 @@ def fails(capsys, *args, started: bool = False) -> str:
             ["--model.init_args.lrr", "0.1"],
             [
                 "--model.init_args.lrr: project.module.ClassificationModule takes no argument 'lrr'",
-                "--help-all",
+                "fit --help",
             ],
             id="unknown key",
             marks=pytest.mark.claim("bad-input-one-paragraph", "bad-input-config-key"),

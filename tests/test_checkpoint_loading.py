@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.checkpoint import read_checkpoint
+from project.checkpoint import check_class_paths, read_checkpoint
 from project.errors import ConfigError
 from project.inference import build_model, load_model
 from tests.conftest import REPO, launch
@@ -160,3 +160,17 @@ def test_own_checkpoints_rebuild_without_flags(run_dir):
     torch.testing.assert_close(
         model.state_dict(), build_model(checkpoint).model.state_dict(), rtol=0, atol=0
     )  # the same weights by either route
+
+
+@pytest.mark.claim("checkpoint-names-no-code")
+def test_the_allowlist_refuses_look_alike_prefixes():
+    """An entry allows itself and what is inside it (a dot follows), never a name that only starts alike."""
+    allowed = ["project.models.ConvNet", "torch.nn.ReLU", "torchvision.models.resnet18", "torch.optim.AdamW"]
+    allowed += ["my_models.TinyMLP", "my_models.sub.Block", "trusted.Model"]
+    refused = ["projectx.evil.Model", "torch.nn_evil.X", "torchvision.modelsx.Y", "torch.optimizer.Z"]
+    refused += ["my_models_evil.TinyMLP", "trusted.ModelEvil", "trustedx.Model", "my_models", "os.system"]
+    for name in allowed:
+        check_class_paths({"model": {"class_path": name}}, ["my_models", "trusted.Model"])
+    for name in refused:
+        with pytest.raises(ConfigError, match="outside the allowlist"):
+            check_class_paths({"model": {"class_path": name}}, ["my_models", "trusted.Model"])

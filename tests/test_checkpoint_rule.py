@@ -133,9 +133,9 @@ def test_make_train_summary_names_the_monitor_and_the_selected_epochs_val_acc(in
 
 @pytest.mark.claim("selection-held-out-excludes-test-split")
 def test_the_rule_selection_never_scores_on_the_default_test_split():
-    """scripts/select_checkpoint_rule.py scores epochs on split K's test images minus the default test split's."""
+    """tests/tools/select_checkpoint_rule.py scores epochs on split K's test images minus the default test split's."""
     spec = importlib.util.spec_from_file_location(
-        "select_rule", CONFIGS.parent / "scripts/select_checkpoint_rule.py"
+        "select_rule", CONFIGS.parent / "tests/tools/select_checkpoint_rule.py"
     )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

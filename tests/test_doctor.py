@@ -72,3 +72,18 @@ def test_doctor_reads_an_overlay_as_training_does(in_tmp, tmp_path_factory, caps
     assert run_cli("doctor", *overlays) == 0
     out = capsys.readouterr().out
     assert f"loggers       {', '.join(ran)}\n" in out and "W&B           " in out
+
+
+@pytest.mark.claim("any-dataset-degrades")
+def test_doctor_on_another_data_module_imports_the_classes_it_names(in_tmp, capsys):
+    assert run_cli("doctor", "--config", CONFIGS / "sequence.yaml") == 0
+    out = capsys.readouterr().out
+    assert (
+        "data          project.data.DatasetDataModule (train project.data.sequences.DigitPixelSequences"
+        in out
+    )
+    assert "ok: data module project.data.DatasetDataModule and the classes it names import." in out
+    # A class path that does not import: the config parser, as `make train`'s, refuses it
+    bad = ("--data.init_args.train.class_path", "no_such_module.Sequences")
+    assert run_cli("doctor", "--config", CONFIGS / "sequence.yaml", *bad) == 1
+    assert "problem: `make train` would refuse these arguments" in capsys.readouterr().out

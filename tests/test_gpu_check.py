@@ -60,8 +60,9 @@ def test_gpu_check_dry_run(tmp_path):
     nondet = json.loads((out / "nondeterministic.json").read_text())
     assert nondet["returncode"] == 2 and "--trainer.deterministic warn" in nondet["error_paragraph"], nondet
     assert nondet["with_deterministic_warn"] == "not run in the dry-run", nondet  # on the GPU only
-    bench = json.loads((out / "bench_gpu.json").read_text())
-    assert bench["gpu"]["template_images_per_s"] > 0 and bench["gpu"]["raw_loop_images_per_s"] > 0, bench
+    bench = json.loads((out / "bench_figures.json").read_text())  # scripts/bench.py --smoke
+    assert bench["template"]["samples_per_s"] > 0 and bench["stock_lightning"]["samples_per_s"] > 0, bench
+    assert summary["bench"]["template_vs_stock_lightning"] > 0, summary
 
 
 @pytest.mark.claim("nondeterministic-op-error")

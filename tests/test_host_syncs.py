@@ -15,15 +15,12 @@ except two kinds, where host reads are allowed:
   than this run has; RunCheckpoint reads no tensor in one process).
 """
 
-import os
-
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from project.callbacks import NonFiniteLossGuard
-from tests.conftest import CONFIGS, quiet_trainer
 
 # Ops that wait for a value on the host (CPU or CUDA): scalar reads, data-dependent output shapes.
 SYNC_OPS = {
@@ -93,17 +90,12 @@ class CountPerBatch(Callback):
 
 
 @pytest.mark.slow  # trains through the CLI (README: slow = 2-60 s)
-@pytest.mark.claim("no-host-sync-per-step", "lean-hooks")
-@pytest.mark.parametrize("fast_cpu", [False, True], ids=["default", "fast_cpu"])
-def test_no_host_sync_in_steady_state_steps(in_tmp, fast_cpu):
-    # The default config (Lightning's public API only), and with the opt-in configs/fast_cpu.yaml, whose LeanHooks
-    # changes what runs per step (asserted at the end).
+@pytest.mark.claim("no-host-sync-per-step")
+def test_no_host_sync_in_steady_state_steps(in_tmp):
     from project.cli import build_cli
 
-    overlay = ["--config", str(CONFIGS / "fast_cpu.yaml")] if fast_cpu else []
     cli = build_cli(
         [
-            *overlay,
             "--run_dir",
             "r",
             "--trainer.max_epochs",
@@ -131,43 +123,4 @@ def test_no_host_sync_in_steady_state_steps(in_tmp, fast_cpu):
     assert all(counter.batches[k] for k in counter.last_batch) and counter.batches[(0, 0)]
     # The guard really is armed in every step (the fused kernel's skip flag), and PitfallGuards left.
     assert counter.armed == [True] * 16
-    assert not any(type(c).__name__ in ("PitfallGuards", "LeanHooks") for c in trainer.callbacks)
-    selector, loop = vars(trainer._data_connector._datahook_selector), vars(trainer.fit_loop.epoch_loop)
-    if not fast_cpu:  # Lightning's own dispatch and loop, untouched
-        assert guard.on_after_backward is not None and "get_instance" not in selector
-        assert "_build_kwargs" not in loop
-        return
-    # LeanHooks took the inherited no-op per-batch hooks out of Lightning's dispatch, and only those.
-    assert counter.on_train_batch_start is not None and guard.on_before_backward is not None
-    assert guard.on_after_backward is None and guard.on_before_zero_grad is None
-    # ... and answered the loop's two per-batch questions once (instance attributes over Lightning's methods).
-    assert "get_instance" in selector and "_build_kwargs" in loop
-    assert (
-        os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1"
-    )  # set by importing Lightning, undone at setup
-
-
-@pytest.mark.claim("lean-hooks")
-def test_lean_hooks_turn_off_with_one_warning_when_lightning_changes(monkeypatch):
-    """A Lightning release without the private names LeanHooks relies on: those speed-ups are left out with one
-    warning, and the run trains as without the opt-in config."""
-    import lightning as L
-
-    from project.data import ImageClassificationDataModule
-    from project.models import ConvNet
-    from project.module import ClassificationModule
-    from project.perf import lean_hooks
-
-    monkeypatch.setattr(lean_hooks, "_TrainingEpochLoop", None)  # as if the import had failed
-    monkeypatch.setattr(lean_hooks, "_DataHookSelector", None)
-    L.seed_everything(0)
-    trainer = quiet_trainer(max_steps=3, limit_val_batches=0, callbacks=[lean_hooks.LeanHooks()])
-    with pytest.warns(
-        UserWarning, match="LeanHooks: batch-hook owners, training_step kwargs left to Lightning"
-    ) as w:
-        trainer.fit(
-            ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8)),
-            datamodule=ImageClassificationDataModule(),
-        )
-    assert sum("LeanHooks" in str(r.message) for r in w) == 1 and trainer.global_step == 3
-    assert "_build_kwargs" not in vars(trainer.fit_loop.epoch_loop)  # Lightning's own method, untouched
+    assert not any(type(c).__name__ == "PitfallGuards" for c in trainer.callbacks)

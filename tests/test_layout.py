@@ -3,6 +3,7 @@
 import ast
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,47 +11,55 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def layout_rows() -> list[tuple[list[str], list[str]]]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        if not line.startswith("| `"):
-            continue
-        first, second = line.strip("|").split(" | ", 1)
-        rows.append((re.findall(r"`([^`]+)`", first), re.findall(r"`([^`]+)`", second)))
-    return rows
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def named_paths(text: str) -> list[str]:
+    """The repository paths a page names in backticks (a folder ends with /)."""
+    spans = re.findall(r"`([^`\s]+)`", text)
+    return [s for s in spans if re.fullmatch(r"(project|configs|scripts|tests|docs)/[\w./-]*|Makefile", s)]
 
 
 @pytest.mark.claim("layout-matches-tree")
-def test_layout_names_existing_paths_and_covers_the_package():
-    rows = layout_rows()
-    assert len(rows) >= 20, "the Layout table was not found in README.md"
-    named = []
-    for paths, details in rows:
-        for path in paths:
-            assert (ROOT / path).exists(), f"README Layout names '{path}', which is not in the tree"
-            named.append(path)
-            if path.endswith("/"):  # files a folder's row names are in that folder
-                for name in details:
-                    if re.fullmatch(r"[\w*]+\.(py|sh|sbatch)", name):
-                        assert list((ROOT / path).glob(name)), f"README Layout: '{name}' is not in {path}"
-    tracked = subprocess.run(
-        ["git", "ls-files", "project", "configs", "scripts"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
+def test_the_architecture_page_names_existing_paths_and_every_folder():
+    text = ARCHITECTURE.read_text()
+    assert len(text.splitlines()) <= 120, "docs/architecture.md: at most 120 lines"
+    paths = named_paths(text)
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"docs/architecture.md names paths that are not in the tree: {missing}"
+    folders = {p.parent.relative_to(ROOT).as_posix() + "/" for p in (ROOT / "project").rglob("*.py")}
+    assert folders - {"project/"} <= set(paths), (
+        f"a folder of the package without its line: {folders - set(paths)}"
+    )
+
+
+def optional_parts() -> list[str]:
+    """The paths of the page's "Optional parts" table (its second column)."""
+    section = ARCHITECTURE.read_text().split("## Optional parts", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        line.split(" | ")[1] for line in section.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    return [p for row in rows[1:] for p in named_paths(row) if p.startswith("project/")]
+
+
+@pytest.mark.claim("layout-matches-tree")
+def test_the_core_imports_none_of_the_optional_parts():
+    """What `make train` with the default config imports (parsed and built, as the CLI does before fit)."""
+    code = (
+        "import sys; from project.cli import build_cli; sys.argv = ['x']; "
+        "build_cli(['--config', 'configs/default.yaml'], run=False); "
+        "print(' '.join(m for m in sys.modules if m.startswith('project')))"
+    )
+    modules = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True
     ).stdout.split()
-    if not tracked:  # not a git checkout (an sdist): list the files instead
-        tracked = [
-            str(p.relative_to(ROOT)) for d in ("project", "configs", "scripts") for p in (ROOT / d).rglob("*")
-        ]
-    for path in tracked:
-        if path.endswith(("__init__.py", ".gz", ".pyc")) or "__pycache__" in path:
-            continue
-        covered = any(path == n or (n.endswith("/") and path.startswith(n)) for n in named)
-        assert covered, f"{path} has no row in README's Layout section: add it (one concept per file)"
+    assert "project.module" in modules and "project.data.datamodule" in modules, modules
+    optional = optional_parts()
+    assert "project/sweep/" in optional and "project/prepare.py" in optional, optional
+    for path in optional:
+        name = path.removesuffix(".py").removesuffix("/").replace("/", ".")
+        imported = [m for m in modules if m == name or m.startswith(name + ".")]
+        assert not imported, f"the core imports {imported}, an optional part (docs/architecture.md)"
 
 
 # Files written as streams, read only by people or after their writer ends: a log is never "replaced".

@@ -137,8 +137,6 @@ COMMANDS = {
     "make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/": "test_predict",
     "make export CKPT=runs/<run>/checkpoints/last.ckpt": "test_export",
     "make doctor": "test_doctor",
-    "make bench-data": "not run here: the full data benchmarks take minutes; tests/test_bench_data.py runs the "
-    "script the target runs, scripts/bench_data.py, with --smoke in-process",
     "make tensorboard": "not run here: tests/test_tensorboard.py runs it as typed (plus a free PORT) on the session's "
     "finished run and queries the server",
     PRESET: "test_debug_preset",

@@ -1,5 +1,5 @@
 """Kill -9 a run mid-epoch, during validation and while a checkpoint is written, resume from `last` each time:
-the end result is bit-identical to an uninterrupted run (scripts/kill_resume.py --kills 20 is the stronger
+the end result is bit-identical to an uninterrupted run (tests/tools/kill_resume.py --kills 20 is the stronger
 check). Kill -9 a checkpoint writer: the file on disk is always a whole checkpoint."""
 
 import importlib.util
@@ -14,7 +14,7 @@ from tests.conftest import CONFIGS, REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
-spec = importlib.util.spec_from_file_location("kill_resume", REPO / "scripts/kill_resume.py")
+spec = importlib.util.spec_from_file_location("kill_resume", REPO / "tests/tools/kill_resume.py")
 kill_resume = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(kill_resume)
 STEPS = kill_resume.STEPS_PER_EPOCH
@@ -99,7 +99,7 @@ def test_a_crash_before_any_io_call_of_a_write_leaves_a_whole_checkpoint(tmp_pat
 @pytest.mark.timeout(600)  # 4 process starts, seconds of imports each when not forked, more when loaded
 def test_three_kill_9s_in_one_run_end_bit_identical(tmp_path):
     """One kill of each kind (kill_resume draws every kind once in each round of three): mid-step, during
-    validation, mid-write, then the resume to the end (scripts/kill_resume.py --kills 20 is the long check).
+    validation, mid-write, then the resume to the end (tests/tools/kill_resume.py --kills 20 is the long check).
 
     The reference runs in this process. The killed and resumed runs are forks of it (kill_resume.Forked): each
     a process of its own that kill -9 ends, its memory gone with it, so a resume has only the files on disk; a
@@ -133,7 +133,7 @@ def test_three_kill_9s_in_one_run_end_bit_identical(tmp_path):
 
 
 def test_a_run_left_in_the_workdir_by_an_earlier_invocation_is_not_resumed(tmp_path, monkeypatch):
-    """`scripts/kill_resume.py` defaults to runs/kill_resume: the `killed` run an earlier invocation (of other code,
+    """`tests/tools/kill_resume.py` defaults to runs/kill_resume: the `killed` run an earlier invocation (of other code,
     perhaps) finished there would otherwise be resumed and compared before any kill of this one."""
     stale = tmp_path / "killed" / "checkpoints" / "last.ckpt"
     stale.parent.mkdir(parents=True)

@@ -112,10 +112,9 @@ def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
     # the image module's keys, which predict and export read (project/inference.py)
     assert data["class_names"] == ["cat", "dog"] and data["input_shape"] == [3, 64, 64], data
     assert len(data["mean"]) == len(data["std"]) == 3, data
-    # Lightning kept the training loader's position: after the epoch's one batch (72 // 64) the loader had started
-    # the next epoch (project/data/stream_loader.py, prestart), so its state is that epoch's start.
+    # Lightning kept the training loader's position (litdata's state): the epoch's one batch (72 // 64) read
     (loader,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert loader == {"current_epoch": 2, "epoch_start": True, "block_batches_done": 0}, loader
+    assert loader["current_epoch"] == 1 and loader["num_samples_yielded"] == 64, loader
     # the chunks came from the server into the cache, not from a local path
     cached = [p for p in Path(s3["LITDATA_CACHE_DIR"]).rglob("chunk-*.bin")]
     assert cached, list(Path(s3["LITDATA_CACHE_DIR"]).rglob("*"))
@@ -277,7 +276,7 @@ def test_prepare_rerun(tmp_path, local, capsys):
         StreamingDataModule(str(out))
     prepare_local(pets, out)
     err = capsys.readouterr().err
-    assert "val: replacing the existing output (chunks without index.json" in err, err
+    assert "val: writing 8 samples" in err, err
     assert (
         "train: complete (72 samples), kept." in err and train_index.stat().st_mtime_ns == before[train_index]
     )
@@ -294,68 +293,34 @@ def test_prepare_rerun(tmp_path, local, capsys):
     assert os.listdir(foreign / "train") == ["mine.txt"]
 
 
-@pytest.mark.claim("stream-small-batches-in-blocks", "stream-resume-next-epoch")
-def test_block_loader_same_samples_and_exact_resume(local):
-    """Batches handed out from blocks of 3 (project/data/stream_loader.py): the same samples per epoch as single
-    batches, and a state taken after any batch (in the epoch's first block, in the middle of a later one, at a
-    block's end) resumes with exactly the batches that followed, then the same next epoch. Batches are taken as
-    Lightning takes them: len(loader) per epoch, never running the generator to its end."""
-    from litdata import StreamingDataset
-
-    from project.data.stream_loader import BlockLoader, batches_per_block
+@pytest.mark.claim("stream-resume-next-epoch")
+def test_state_after_any_batch_resumes_exactly_then_whole_epochs(local):
+    """A state taken after any batch of an epoch (its last included) resumes with exactly the batches that
+    followed, then the same next two epochs (litdata 0.2.76 alone gave an empty next epoch here, with no loader
+    worker). Batches are taken as Lightning takes them: len(loader) per epoch, never running the generator out."""
+    from project.data import StreamingDataModule
 
     _, out = local
+    dm = StreamingDataModule(str(out), batch_size=8, num_workers=0)
 
-    def loader(k: int) -> BlockLoader:
-        ds = StreamingDataset(str(out / "train"), shuffle=True, drop_last=True, seed=0, batch_decode=1)
-        # prestart with blocks: the next epoch starts (in a thread) as the last batch is handed out
-        return BlockLoader(
-            ds, batch_size=8, batches_per_block=k, num_workers=0, drop_last=True, prestart=k > 1
-        )
-
-    def take(lo: BlockLoader, n: int) -> list[list[tuple]]:
-        it = iter(lo)
+    def take(loader, n: int) -> list[list[tuple]]:
+        it = iter(loader)
         return [
             [_key(p, y) for p, y in zip(b["image"], b["label"].tolist())]
             for b in (next(it) for _ in range(n))
         ]
 
-    # 72 samples, batches of 8 (98 KB): blocks of 16 samples would keep 64 (drop_last to whole blocks), so k = 1.
-    # Batches of 3 (37 KB): blocks of 4 batches keep all 72; 8 would be 295 KB, over BLOCK_BYTES (256 KB).
-    ds = StreamingDataset(str(out / "train"), shuffle=True, drop_last=True, seed=0)
-    assert batches_per_block(ds, 1, 8, 8 * (3 * 64 * 64 + 8)) == 1
-    assert batches_per_block(ds, 1, 3, 3 * (3 * 64 * 64 + 8)) == 4
-    assert batches_per_block(ds, 0, 3, 100) == 1  # no worker: nothing to save
-
-    for k in (3, 1):  # blocks and prestart, and litdata's own batches (k = 1), through the same resume
-        ref = loader(k)
-        assert len(ref) == 9
-        epochs = [take(ref, 9) for _ in range(3)]
-        assert [len(b) for b in epochs[0]] == [8] * 9 and epochs[0] != epochs[1] != epochs[2]
-        assert Counter(sum(epochs[0], [])) == Counter(sum(epochs[2], [])) == stored(out, "train")
-        for p in (2, 4, 6, 9):  # in the first block, mid second block, at its end, the epoch's end
-            a = loader(k)
-            head = take(a, p)
-            b = loader(k)
-            b.load_state_dict(a.state_dict())
-            if p == 9 and k > 1:  # the next epoch was started and not taken yet: the state is its start
-                assert a.state_dict() == {"current_epoch": 2, "epoch_start": True, "block_batches_done": 0}
-            # the rest of the epoch, then the next two epochs (litdata 0.2.76 alone gave an empty next epoch here)
-            assert head + take(b, 9 - p) == epochs[0], (k, p)
-            assert take(b, 9) == epochs[1] and take(b, 9) == epochs[2], (k, p)
-    # Resumed mid-block (batch 5 of blocks of 3) with another layout (here: the saved world size edited to 2), the
-    # block is read again from its start, with a warning: nothing of it is skipped, two batches repeat.
-    a = loader(3)
-    head = take(a, 5)
-    state = a.state_dict()
-    assert state["block_batches_done"] == 2 and state["block_layout"]["world_size"] == 1
-    state["block_layout"] = {**state["block_layout"], "world_size": 2}
-    b = loader(3)
-    with pytest.warns(
-        UserWarning, match=r"world_size 2 -> 1.* up to 2 batches per rank are trained on twice"
-    ):
-        b.load_state_dict(state)
-    assert head[3:] == epochs[0][3:5] and take(b, 6) == epochs[0][3:]  # batches 3 and 4 again
+    ref = dm.train_dataloader()
+    assert len(ref) == 9
+    epochs = [take(ref, 9) for _ in range(3)]
+    assert epochs[0] != epochs[1] != epochs[2]
+    for p in (2, 5, 9):
+        a = dm.train_dataloader()
+        head = take(a, p)
+        b = dm.train_dataloader()
+        b.load_state_dict(a.state_dict())
+        assert head + take(b, 9 - p) == epochs[0], p
+        assert take(b, 9) == epochs[1] and take(b, 9) == epochs[2], p
 
 
 # ----------------------------------------------------------------------------------------- digits, default prepare
@@ -374,13 +339,13 @@ def test_resume_from_an_epoch_end_is_exact(digits, tmp_path):
     """A finished 1-epoch run resumed with max_epochs 2 ends with the weights of an uninterrupted 2-epoch run, bit
     for bit. Lightning does not restore the loader's state from a checkpoint taken at an epoch's end; the loader
     takes the epoch from the trainer, so the resumed epoch reads epoch 1's order, not epoch 0's again. The same
-    checkpoint as a kill right after an epoch ends (scripts/kill_resume_streaming.py kills there too). A constant
+    checkpoint as a kill right after an epoch ends (tests/tools/kill_resume_streaming.py kills there too). A constant
     learning rate: the default schedule's length depends on max_epochs."""
     import importlib.util
 
     from tests.conftest import CONFIGS, QUIET, REPO, run_cli
 
-    spec = importlib.util.spec_from_file_location("kill_resume", REPO / "scripts/kill_resume.py")
+    spec = importlib.util.spec_from_file_location("kill_resume", REPO / "tests/tools/kill_resume.py")
     kill_resume = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kill_resume)
 
@@ -395,7 +360,8 @@ def test_resume_from_an_epoch_end_is_exact(digits, tmp_path):
     fit("resumed", 1)
     ckpt = torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=True)
     (loader,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert loader["epoch_start"] and loader["current_epoch"] == 2, loader  # litdata counts epochs from 1
+    # the epoch's end (litdata counts epochs from 1): Lightning does not restore it, the trainer's epoch decides
+    assert loader["current_epoch"] == 1 and loader["num_samples_yielded"] == 20 * 64, loader
     fit("resumed", 2, "--ckpt_path", "last")
     problems = kill_resume.compare(tmp_path / "reference", tmp_path / "resumed")
     assert problems == [], problems
@@ -538,36 +504,26 @@ def test_few_chunks_warn_with_the_fix(tmp_path):
 
 
 @pytest.mark.claim("stream-resume-epoch-end")
-def test_block_loader_reads_the_trainers_epoch(local):
-    """With `epoch` given (the trainer's epoch), each iter() reads that epoch's order whatever the loader read
-    before, also when the next epoch was already started (prestart) for another epoch than the one that comes."""
-    from litdata import StreamingDataset
+def test_training_loader_reads_the_trainers_epoch(local):
+    """Given the trainer's epoch, each iter() reads that epoch's order, whatever the loader read before."""
+    from types import SimpleNamespace
 
-    from project.data.stream_loader import BlockLoader
+    from project.data import StreamingDataModule
 
     _, out = local
-    epoch = {"now": 0}
+    dm = StreamingDataModule(str(out), batch_size=3, num_workers=0)
 
-    def loader(with_epoch: bool) -> BlockLoader:
-        ds = StreamingDataset(str(out / "train"), shuffle=True, drop_last=True, seed=0, batch_decode=1)
-        return BlockLoader(
-            ds, batch_size=3, batches_per_block=3, num_workers=0, drop_last=True, prestart=True,
-            epoch=(lambda: epoch["now"]) if with_epoch else None,
-        )  # fmt: skip
-
-    def one_epoch(lo: BlockLoader) -> list:
-        it = iter(lo)
+    def one_epoch(loader) -> list:
+        it = iter(loader)
         return [
-            _key(p, y) for b in (next(it) for _ in range(len(lo))) for p, y in zip(b["image"], b["label"])
+            _key(p, y) for b in (next(it) for _ in range(len(loader))) for p, y in zip(b["image"], b["label"])
         ]
 
-    counted = loader(False)
-    orders = [one_epoch(counted) for _ in range(4)]  # epochs 0-3 by the loader's own count
+    counted = dm.train_dataloader()  # no trainer: litdata's own count of epochs
+    orders = [one_epoch(counted) for _ in range(4)]
     assert len({tuple(o) for o in orders}) == 4
-    lo = loader(True)
-    epoch["now"] = 2
-    assert one_epoch(lo) == orders[2]  # a fresh loader at epoch 2 (a resume from an epoch's end)
-    epoch["now"] = 3
-    assert one_epoch(lo) == orders[3]  # the started next epoch, used
-    epoch["now"] = 1
-    assert one_epoch(lo) == orders[1]  # started for epoch 4, dropped: epoch 1 comes
+    dm.trainer = SimpleNamespace(current_epoch=2, num_devices=1, world_size=1)
+    loader = dm.train_dataloader()
+    assert one_epoch(loader) == orders[2]  # a fresh loader at epoch 2 (a resume from an epoch's end)
+    dm.trainer.current_epoch = 1
+    assert one_epoch(loader) == orders[1]

@@ -9,7 +9,7 @@ prepared by `python -m project prepare`:
   2. the same run given max_epochs 1 (it finishes: a checkpoint at an epoch's end), then resumed with max_epochs 2
      and killed with SIGKILL (every rank) in the middle of an optimizer step of the second epoch;
   3. its resume from `last`: the rest of that epoch reads exactly the batches the reference read there, and the
-     final weights and summary equal the reference's bit for bit (scripts/kill_resume.py's compare).
+     final weights and summary equal the reference's bit for bit (tests/tools/kill_resume.py's compare).
 
 The ranks are started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the environment). When this
 process runs one intra-op thread (tests/conftest.py sets OMP_NUM_THREADS=1), each rank is a fork of it: a process
@@ -42,7 +42,7 @@ from tests.ddp_processes import (
 )
 from tests.streaming_probe import sample_key
 
-spec = importlib.util.spec_from_file_location("kill_resume", REPO / "scripts/kill_resume.py")
+spec = importlib.util.spec_from_file_location("kill_resume", REPO / "tests/tools/kill_resume.py")
 kill_resume = importlib.util.module_from_spec(spec)  # KillPoint (by class path in the run), MARKER, compare
 spec.loader.exec_module(kill_resume)
 
@@ -225,11 +225,11 @@ def test_two_ranks_shards_eval_epoch_end_and_kill_9_resume(tmp_path):
     first = fit("killed", "rec-first", "--trainer.max_epochs", "1", "--test_after_fit", "false")
     codes = run_ranks(first, tmp_path, tmp_path / "logs-first")
     assert codes == [0, 0], (tmp_path / "logs-first" / "rank0.log").read_text()[-3000:]
-    # ... then is resumed with max_epochs 2 and killed in the middle of an optimizer step (scripts/kill_resume.py's
+    # ... then is resumed with max_epochs 2 and killed in the middle of an optimizer step (tests/tools/kill_resume.py's
     # KillPoint: each rank writes the marker there and waits), with a mid-epoch `last` written just before.
     marker = tmp_path / kill_resume.MARKER
     point = {"mode": "train", "step": KILL_AFTER_STEP, "marker": str(marker)}
-    probe = json.dumps({"class_path": "scripts.kill_resume.KillPoint", "init_args": point})
+    probe = json.dumps({"class_path": "tests.tools.kill_resume.KillPoint", "init_args": point})
     ckpt_at_kill = [
         "--checkpoint_every_n_steps",
         str(KILL_AFTER_STEP),
@@ -243,13 +243,9 @@ def test_two_ranks_shards_eval_epoch_end_and_kill_9_resume(tmp_path):
     ckpt = torch.load(
         tmp_path / "killed" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
     )
-    (loader,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]  # BlockLoader.state_dict()
+    (loader,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]  # StreamingDataLoader.state_dict()
     done = KILL_AFTER_STEP - STEPS_PER_EPOCH  # batches of the second epoch in the checkpoint
-    # Batches of 32 leave the worker in blocks of 4 (project/data/stream_loader.py): the kill, 6 batches into the
-    # epoch, is in the middle of the second block, so the checkpoint holds litdata's state before that block (one
-    # block read) and the 2 batches of it that were trained on; the resume reads the block again and skips them.
-    assert ckpt["global_step"] == KILL_AFTER_STEP and loader["num_samples_yielded"] == 4 * BATCH, loader
-    assert loader["block_batches_done"] == done - 4, loader
+    assert ckpt["global_step"] == KILL_AFTER_STEP and loader["num_samples_yielded"] == done * BATCH, loader
 
     # 3. The resume, from `last`, to the end (and the test after fit).
     resumed_args = fit("killed", "rec-resumed", *ckpt_at_kill, "--ckpt_path", "last")

@@ -119,10 +119,10 @@ def test_sweep_results_failed_and_pruned_trials_and_best_rerun(tmp_path):
     assert "val/loss is nan" in trials[1].user_attrs["error"], trials[1].user_attrs
     # the pruned trial stopped after its first epoch of 2, without testing
     pruned = sweep_dir / "trials" / "002"
-    assert (pruned / "pruned.json").is_file() and not (pruned / "summary.json").exists()
+    assert trials[2].system_attrs["ddp_pl:pruned"] and not (pruned / "summary.json").exists()
     assert max(trials[2].intermediate_values) == 0, trials[2].intermediate_values
     # results: table on the console, CSV, best.yaml, PNG
-    for name in ("trials.csv", "best.yaml", "report.png"):
+    for name in ("trials.csv", "best.yaml", "report.png", "curves.png"):
         assert (sweep_dir / name).is_file(), name
     assert len((sweep_dir / "trials.csv").read_text().splitlines()) == 1 + len(trials)
     assert "Sweep 't': val/loss (minimize)" in run.stdout, str(run)

@@ -9,7 +9,6 @@ are not in the test environment.
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from optuna.trial import TrialState
 import project
 from project.errors import ConfigError
 from project.sweep.storage import default_storage, open_storage
-from project.sweep.worker import Sweep, make_objective, recover_dead_trials
+from project.sweep.worker import Sweep, make_objective
 
 LR = "model.init_args.optimizer.init_args.lr"
 ROOT = Path(project.__file__).resolve().parent.parent  # the checkout under test (children import it too)
@@ -52,11 +51,11 @@ def write_space(path: Path, **overrides) -> Path:
     [
         ("runs/sweeps/study.db", "Could not parse SQLAlchemy URL"),  # a path without sqlite:///
         ("postgres://user:secret@db-host/optuna", "Can't load plugin"),  # SQLAlchemy spells it postgresql
-        ("sqlite:///{tmp}/missing/dir/study.db", "the folder {tmp}/missing/dir does not exist"),
-        ("sqlite:///{tmp}/file/study.db", "{tmp}/file is a file, not a folder"),
+        ("sqlite:///{tmp}/missing/dir/study.db", "unable to open database file"),  # SQLite's words
+        ("sqlite:///{tmp}/file/study.db", "unable to open database file"),
         ("sqlite:///{tmp}", "unable to open database file"),  # a folder, not a database file
-        ("journal:{tmp}/missing/study.journal", "the folder {tmp}/missing does not exist"),
-        ("journal:{tmp}/file/study.journal", "{tmp}/file is a file, not a folder"),
+        ("journal:{tmp}/missing/study.journal", "No such file or directory"),
+        ("journal:{tmp}/file/study.journal", "Not a directory"),
         (
             "postgresql://user:secret@db-host/optuna",
             "pip install 'psycopg[binary]'",
@@ -80,20 +79,21 @@ def test_storage_that_cannot_be_opened_is_one_paragraph(tmp_path, url, expected)
 
 
 @pytest.mark.claim("sweep-many-machines")
-def test_storage_error_exits_2_with_one_paragraph(tmp_path, capsys, monkeypatch):
+def test_storage_error_exits_2_with_one_paragraph(tmp_path, capsys):
     """`python -m project sweep --storage <a folder that does not exist>`: exit code 2, one `error:` paragraph, and
     no folder made (a lock file beside the database created the missing folders)."""
     import project.sweep
 
-    # the dry run of a trial's config (seconds of training) is not what this test is about
-    monkeypatch.setattr(project.sweep, "check_inputs", lambda *args, **kwargs: None, raising=False)
     url = f"sqlite:///{tmp_path}/missing/dir/study.db"
     space = write_space(tmp_path / "t.yaml")
+    # --child (as a worker of --workers N): the input check's dry run is not this test's subject
     with pytest.raises(SystemExit) as exit_:
-        project.sweep.main(["--space", str(space), "--dir", str(tmp_path / "sweep"), "--storage", url])
+        project.sweep.main(
+            ["--space", str(space), "--dir", str(tmp_path / "sweep"), "--storage", url, "--child"]
+        )
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2, err
-    assert err.startswith("error: ") and "\n" not in err and "does not exist" in err, err
+    assert err.startswith("error: ") and "\n" not in err and "unable to open database file" in err, err
     assert not (tmp_path / "missing").exists()
 
 
@@ -146,7 +146,7 @@ import sys, time
 from pathlib import Path
 
 import optuna, sqlalchemy  # the imports before the barrier: the workers then differ by a millisecond, not seconds
-import project.sweep, project.sweep.report, project.sweep.space, project.sweep.storage, project.sweep.worker
+import project.sweep, project.sweep.report, project.sweep.storage, project.sweep.worker
 
 
 def join(sweep, study):  # instead of running trials: take one and draw its values, as a worker's first step does
@@ -157,7 +157,6 @@ def join(sweep, study):  # instead of running trials: take one and draw its valu
 
 
 project.sweep.worker.run_worker = join
-project.sweep.check_inputs = lambda *args, **kwargs: None  # the dry run of a trial's config: not this test's subject
 Path(sys.argv[1]).touch()
 while not Path(sys.argv[2]).exists():
     time.sleep(0.001)
@@ -179,7 +178,14 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
         "sqlite+pysqlite": f"sqlite+pysqlite:///{tmp_path / 'study.db'}",
         "journal": f"journal:{tmp_path / 'study.journal'}",
     }
-    argv = ["--space", str(write_space(tmp_path / "t.yaml")), "--dir", str(sweep_dir), "--no_report"]
+    # --child (as a worker of --workers N): the input check's dry run is not this test's subject
+    argv = [
+        "--space",
+        str(write_space(tmp_path / "t.yaml")),
+        "--dir",
+        str(sweep_dir),
+        "--child",
+    ]
     if urls[storage]:
         argv += ["--storage", urls[storage]]
     script = tmp_path / "join.py"
@@ -232,19 +238,21 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
     ]
 
 
-def dead_pid() -> int:
-    """The process id of a process that has exited (and been reaped): a dead worker's."""
-    process = subprocess.Popen(["true"])
-    process.wait()
-    return process.pid
+@pytest.fixture
+def short_grace(monkeypatch):
+    """A heartbeat every second, stale after one: a dead worker's trial is found in seconds, not the default 20."""
+    import project.sweep.storage
+
+    monkeypatch.setattr(project.sweep.storage, "HEARTBEAT_INTERVAL_S", 1)
+    monkeypatch.setattr(project.sweep.storage, "GRACE_PERIOD_S", 1)
+    return 2.1  # seconds after which it is stale for certain (SQLite keeps whole seconds)
 
 
 def run_by_dead_worker(study: optuna.Study) -> optuna.trial.FrozenTrial:
-    """study.ask() as a worker on this machine does, which is then killed: RUNNING, owned by a gone process."""
+    """study.ask() as a worker does, and one heartbeat, then nothing: its worker was killed."""
     trial = study.ask()
     trial.suggest_float(LR, 1.0e-4, 1.0e-2, log=True)  # the sweep's space.sample: a queued value as it is
-    trial.set_user_attr("host", socket.gethostname())
-    trial.set_user_attr("pid", dead_pid())
+    study._storage.record_heartbeat(trial._trial_id)
     return study.get_trials(deepcopy=False)[trial.number]
 
 
@@ -253,18 +261,19 @@ def new_study(tmp_path: Path) -> optuna.Study:
 
 
 @pytest.mark.claim("sweep-resume")
-def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path):
+def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path, short_grace):
     """The base config's trial killed with its worker again and again (kill -9, a lost node, a SIGTERM) is queued
     again every time, past the retry limit of other trials: the best trial is never worse than the default."""
     from project.sweep.storage import MAX_RETRY
 
     study = new_study(tmp_path)
     study.enqueue_trial({LR: 0.003}, user_attrs={"base_config": True})
-    for attempt in range(MAX_RETRY + 2):  # a worker on this machine, killed: its pid is gone
-        killed = run_by_dead_worker(study)
-        assert killed.params == {LR: 0.003} and killed.user_attrs["base_config"], (attempt, killed)
-        recover_dead_trials(study)
-    # a worker on another machine, killed: Optuna's heartbeat fails its trial and calls the storage's callback
+    killed = run_by_dead_worker(study)
+    assert killed.params == {LR: 0.003} and killed.user_attrs["base_config"], killed
+    time.sleep(short_grace)
+    optuna.storages.fail_stale_trials(study)  # as every worker does before its next trial
+    assert study.get_trials()[killed.number].state == TrialState.FAIL
+    # again and again: the storage's callback, as fail_stale_trials calls it, queues it every time
     callback = study._storage.get_heartbeat_stale_trial_callback()
     for _ in range(MAX_RETRY + 2):
         trial = study.ask()
@@ -282,11 +291,15 @@ def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path):
         def __init__(self, *args, **kwargs):
             self.returncode = 143
 
-        def wait(self, timeout=None):
-            raise KeyboardInterrupt
-
-        def poll(self):
+        def wait(
+            self, timeout=None
+        ):  # the worker's wait is interrupted; stop_process's finds the trial ended
+            if timeout is None:
+                raise KeyboardInterrupt
             return 143
+
+        def terminate(self):
+            pass
 
     from project.sweep import worker
 
@@ -303,78 +316,14 @@ def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path):
 def make_sweep(tmp_path: Path) -> Sweep:
     from project.sweep.space import load_space
 
-    space = write_space(tmp_path / "t.yaml")
-    return Sweep(
-        space=load_space(space),
-        space_copy=space,
-        sweep_dir=tmp_path,
-        storage_url=default_storage(tmp_path),
-        study_name="t",
-        configs=[str(ROOT / "configs" / "default.yaml")],
-        fixed={},
-        metric="val/loss",
-        monitor="val/loss",
-        direction="minimize",
-        n_trials=3,
-        max_failed=3,
-        threads="1",
-    )
+    space = load_space(write_space(tmp_path / "t.yaml"))
+    configs = [str(ROOT / "configs" / "default.yaml")]
+    return Sweep(space, tmp_path, default_storage(tmp_path), configs, {}, "val/loss", 3, 3)
 
 
-class TrialStarted(Exception):
-    """Raised instead of starting the trial's process: the test ends at the trial's launch."""
-
-
-@pytest.mark.claim("sweep-resume")
-def test_requeued_trial_is_never_failed_by_another_worker_while_its_worker_takes_it(tmp_path, monkeypatch):
-    """A dead worker's trial, re-queued, is taken by a live worker. At every step between the trial becoming
-    RUNNING and its process starting, another worker on this machine checks for dead workers' trials: the live
-    trial stays RUNNING. (The re-queued trial carried the dead worker's pid until its new worker wrote its own,
-    long enough for another worker's check to land in between and mark the live trial failed.)"""
-    study = new_study(tmp_path)
-    dead = run_by_dead_worker(study)
-    recover_dead_trials(study)  # the dead worker's trial: FAIL, its values queued again
-    (requeued,) = study.get_trials(states=(TrialState.WAITING,))
-    assert requeued.params == dead.params
-
-    seen = []
-
-    def other_worker_checks(step: str) -> None:
-        recover_dead_trials(study)
-        seen.append((step, study.get_trials(deepcopy=False)[requeued.number].state))
-
-    sweep = make_sweep(tmp_path)
-    sample = sweep.space.sample
-    set_user_attr = optuna.trial.Trial.set_user_attr
-
-    def sample_then_check(trial):
-        other_worker_checks("sample")
-        return sample(trial)
-
-    def set_then_check(self, key, value):
-        set_user_attr(self, key, value)
-        other_worker_checks(f"set {key}")
-
-    def launch(*args, **kwargs):
-        raise TrialStarted
-
-    monkeypatch.setattr(sweep.space, "sample", sample_then_check)
-    monkeypatch.setattr(optuna.trial.Trial, "set_user_attr", set_then_check)
-    monkeypatch.setattr("project.sweep.worker.subprocess.Popen", launch)
-
-    trial = study.ask()  # the live worker takes the re-queued trial: RUNNING from here
-    assert trial.number == requeued.number
-    other_worker_checks("ask")
-    with pytest.raises(TrialStarted):
-        make_objective(sweep, study)(trial)
-    assert {"ask", "sample", "set pid"} <= {step for step, _ in seen}, seen
-    assert all(state == TrialState.RUNNING for _, state in seen), seen
-    assert len(study.get_trials()) == 2, "a live trial was re-queued"
-
-
-def test_the_stop_at_max_failed_counts_this_commands_failures_in_its_message(tmp_path, capsys):
+def test_the_stop_at_max_failed_counts_this_commands_failures(tmp_path, capsys):
     """--max_failed 1 on a study with 2 failed trials from an earlier command and 1 from this one: the worker stops
-    and says 1 failed against --max_failed 1, the earlier two apart (it said '3 trials failed (--max_failed 3)')."""
+    and says 1 failed against --max_failed 1."""
     from dataclasses import replace
 
     from optuna.distributions import FloatDistribution
@@ -392,12 +341,10 @@ def test_the_stop_at_max_failed_counts_this_commands_failures_in_its_message(tmp
                 user_attrs={"error": "exit code 2"},
             )
         )
-    sweep = replace(make_sweep(tmp_path), max_failed=1 + 2, failed_before=2)
+    sweep = replace(make_sweep(tmp_path), max_failed=1, first_trial=2)
     assert run_worker(sweep, study) == 1
     err = capsys.readouterr().err
-    assert "error: 1 trials failed (--max_failed 1, besides 2 from earlier runs); the sweep stops." in err, (
-        err
-    )
+    assert "error: 1 trials of this command failed (--max_failed 1); the sweep stops" in err, err
 
 
 def _take_a_trial(url: str, barrier, taken) -> None:
@@ -434,31 +381,34 @@ def test_a_queued_trial_goes_to_one_of_two_workers_asking_at_once(tmp_path):
 def _recover(tmp_path: Path, barrier) -> None:
     study = optuna.load_study(study_name="t", storage=open_storage(default_storage(tmp_path)))
     barrier.wait()  # both workers look for dead workers' trials within a millisecond of each other
-    recover_dead_trials(study)
+    optuna.storages.fail_stale_trials(study)
 
 
 @pytest.mark.claim("sweep-resume", "sweep-workers")
-def test_a_dead_workers_trial_is_queued_again_once_when_two_workers_recover_it_at_once(tmp_path):
-    """Two workers resuming together both see the dead worker's trial RUNNING; only one of them marks it failed and
-    queues its values again (on SQLite both did, when a transaction began only at its first write: the extra copy
-    then waited forever once n_trials were finished)."""
+def test_a_dead_workers_trial_is_queued_again_once_when_two_workers_recover_it_at_once(tmp_path, short_grace):
+    """Two workers resuming together both find the dead worker's trial stale; only one of them fails it and queues
+    its values again (on SQLite both did, when a transaction began only at its first write: the extra copy then
+    waited forever once n_trials were finished)."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
+    dead = {}
     for round_ in range(10):
-        where = tmp_path / str(round_)
-        where.mkdir()
-        dead = run_by_dead_worker(new_study(where))
+        (tmp_path / str(round_)).mkdir()
+        dead[round_] = run_by_dead_worker(new_study(tmp_path / str(round_)))
+    time.sleep(short_grace)
+    for round_, trial in dead.items():
         barrier = context.Barrier(2)
-        workers = [context.Process(target=_recover, args=(where, barrier)) for _ in range(2)]
+        workers = [context.Process(target=_recover, args=(tmp_path / str(round_), barrier)) for _ in range(2)]
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join(timeout=60)
         assert all(worker.exitcode == 0 for worker in workers)
-        trials = optuna.load_study(study_name="t", storage=open_storage(default_storage(where))).get_trials()
-        assert trials[dead.number].state == TrialState.FAIL
+        storage = open_storage(default_storage(tmp_path / str(round_)))
+        trials = optuna.load_study(study_name="t", storage=storage).get_trials()
+        assert trials[trial.number].state == TrialState.FAIL
         waiting = [t for t in trials if t.state == TrialState.WAITING]
-        assert len(waiting) == 1 and waiting[0].params == dead.params, (
+        assert len(waiting) == 1 and waiting[0].params == trial.params, (
             f"round {round_}: {len(waiting)} copies"
         )

@@ -1,20 +1,14 @@
 """Image files -> uint8 (3, H, W) RGB tensors: the decoder of the ImageFolder path.
 
-Candidates measured by scripts/bench_decode.py (docs/data.md "Point at your own data"): PIL, torchvision.io.decode_image
-(libjpeg-turbo, straight into a tensor) and PIL with `Image.draft` (JPEG DCT-domain downscaling). DECODER names the
-one `load_image` uses: decode_image, the fastest (`make bench-data`: decode.breakdown_ms_per_sample) and
-pixel for pixel PIL's on JPEG and PNG (tests/data/test_decode.py). draft() is kept for the bench: it may only
-scale by 1/2, 1/4 or 1/8 when the crop keeps at least the output size, which no crop of a 500x375 photo at 224 does.
+`load_image` uses torchvision.io.decode_image (libjpeg-turbo, straight into a tensor), PIL for the formats it does
+not read; its pixels are PIL's on JPEG and PNG (tests/data/test_decode.py).
 """
 
-import math
 from pathlib import Path
 
 import torch
 from PIL import Image
 from torch import Tensor
-
-DECODER = "decode_image"
 
 
 def pil_file(path: str | Path) -> Tensor:
@@ -45,31 +39,8 @@ def decode_image_file(path: str | Path) -> Tensor:
     return x
 
 
-def draft_scale(size: tuple[int, int], crop_h: int, crop_w: int, out: int) -> float:
-    """The smallest JPEG DCT scale (1, 1/2, 1/4, 1/8) at which a (crop_h, crop_w) crop of an image of `size`
-    (W, H) still has at least `out` pixels on each side: decoding smaller would throw away detail."""
-    for scale in (1 / 8, 1 / 4, 1 / 2):
-        if math.ceil(crop_h * scale) >= out and math.ceil(crop_w * scale) >= out:
-            return scale
-    return 1.0
-
-
-def pil_draft_file(path: str | Path, params: tuple, out: int) -> tuple[Tensor, tuple]:
-    """PIL decode with `draft` at the scale `draft_scale` allows for crop `params` = (i, j, h, w, flip); returns
-    the decoded tensor and the crop mapped to its size."""
-    i, j, h, w, flip = params
-    with open(path, "rb") as f, Image.open(f) as im:
-        full_w, full_h = im.size
-        scale = draft_scale(im.size, h, w, out)
-        if scale < 1 and im.format == "JPEG":
-            im.draft("RGB", (math.ceil(full_w * scale), math.ceil(full_h * scale)))
-        x = _pil_to_tensor(im.convert("RGB"))
-    sy, sx = x.shape[1] / full_h, x.shape[2] / full_w
-    return x, (round(i * sy), round(j * sx), max(1, round(h * sy)), max(1, round(w * sx)), flip)
-
-
 def load_image(path: str | Path) -> Tensor:
-    """The default decoder (DECODER): an image file as a (3, H, W) uint8 RGB tensor."""
+    """The decoder: an image file as a (3, H, W) uint8 RGB tensor."""
     return decode_image_file(path)
 
 

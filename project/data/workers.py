@@ -11,7 +11,7 @@ def default_num_workers(reads_files: bool, local_processes: int = 1) -> int:
     Args:
         reads_files: the dataset decodes image files per sample (ImageFolder). Images already decoded into a
             tensor get 0: a worker has no decoding to take off the main process, only the batches' transport,
-            and it competes with the main process for the cores (the digits' epochs were slower with one: docs/performance-history.md).
+            and it competes with the main process for the cores (5 digits epochs: 4.5 s with 0 workers, 6.8 s with 1).
         local_processes: training processes on this machine (the Trainer's devices per node).
 
     Otherwise Lightning's `suggested_max_num_workers`: the CPUs this process may use (its affinity mask) per

@@ -2,39 +2,49 @@
 resize, and one preprocessing for training, predict and export.
 In-process, on a few generated files."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFilter
 from torch.utils.data import default_collate
 
 from project.data import ImageClassificationDataModule, decode
 from project.inference import preprocessing_of
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def bench_decode():
-    """scripts/bench_decode.py as a module: its image generator and its reference pipeline."""
-    spec = importlib.util.spec_from_file_location("bench_decode", ROOT / "scripts" / "bench_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def photo(index: int, w: int = 500, h: int = 375) -> Image.Image:
+    """A photo-like RGB image, a function of `index` alone: a colour gradient, blurred shapes, and texture from
+    noise at 32, 8 and 2 pixel scales (not white noise, which would not compress like a photo)."""
+    rng = np.random.default_rng(index)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    c0, c1, angle = rng.uniform(30, 220, 3), rng.uniform(30, 220, 3), rng.uniform(0, np.pi)
+    t = ((xx * np.cos(angle) + yy * np.sin(angle)) / (w + h) + 0.5).clip(0, 1)[..., None]
+    img = Image.fromarray((c0 * (1 - t) + c1 * t).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(rng.integers(8, 20)):
+        x0, y0, s = rng.uniform(-0.2, 1.0) * w, rng.uniform(-0.2, 1.0) * h, rng.uniform(0.05, 0.5)
+        box = [x0, y0, x0 + s * w, y0 + s * h * rng.uniform(0.5, 1.5)]
+        (draw.ellipse if rng.integers(2) else draw.rectangle)(
+            box, fill=tuple(int(v) for v in rng.integers(0, 256, 3))
+        )
+    x = np.asarray(img.filter(ImageFilter.BoxBlur(1)), dtype=np.float32)
+    for scale, amp in ((32, 1.0), (8, 0.7), (2, 0.6)):
+        field = Image.fromarray(rng.standard_normal((h // scale + 2, w // scale + 2)).astype(np.float32))
+        texture = np.asarray(field.resize((field.width * scale, field.height * scale), Image.BICUBIC))
+        x += 25 * amp * texture[:h, :w, None]
+    return Image.fromarray(x.clip(0, 255).astype(np.uint8))
 
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory) -> list[Path]:
-    """Four natural-like 500x375 JPEGs at quality 90, as `make bench-data` writes them."""
-    bench = bench_decode()
+    """Four natural-like 500x375 JPEGs at quality 90."""
     folder = tmp_path_factory.mktemp("photos")
-    bank = bench._noise_bank(n=2)
     paths = []
     for i in range(4):
         path = folder / f"{i}.jpg"
-        bench.natural_image(i, bank).save(path, quality=bench.QUALITY)
+        photo(i).save(path, quality=90)
         paths.append(path)
     return paths
 

@@ -90,15 +90,12 @@ def test_splits_statistics_and_eval_inputs_are_the_same_on_every_path(folder, pr
 
     from project.data.decode import load_image
     from project.data.normalize import resize
-    from project.prepare import plan
 
     files, memory, stream = three_paths(folder, prepared)
-    # Split membership: the folder module's, the in-memory copy's and what prepare wrote (its plan, then the
-    # chunks' pixels in that order) are the same samples in the same order.
-    samples, keys, _, _ = plan("imagefolder", str(folder), SIZE, 0.2, 0.2, 3)
+    # Split membership: the folder module's, the in-memory copy's and what prepare wrote (the chunks' pixels) are
+    # the same samples in the same order.
     for split in ("train", "val", "test"):
         paths = [p for p, _ in getattr(files, f"{split}_set").samples]
-        assert [samples.files[g][i][0] for g, i in keys[split]] == paths
         pixels = torch.stack([resize(load_image(p), (SIZE, SIZE)) for p in paths])
         assert torch.equal(memory.tensors[split][0], pixels)
         chunks = StreamingDataset(str(prepared / split))
@@ -108,7 +105,7 @@ def test_splits_statistics_and_eval_inputs_are_the_same_on_every_path(folder, pr
 
     # Statistics: one rule (training split only, at the training size), so the same numbers on every path ...
     assert files.mean == memory.mean == stream.mean and files.std == memory.std == stream.std
-    pixels = {p: resize(load_image(p), (SIZE, SIZE)) for p, _ in samples.files["train"]}
+    pixels = {p: resize(load_image(p), (SIZE, SIZE)) for p in sorted(map(str, folder.glob("train/*/*.png")))}
     train = [p for p, _ in files.train_set.samples]
     assert (files.mean, files.std) == train_stats(lambda p: pixels[p], train)
     # ... and not those of the whole train folder, which holds the carved val and test images too.
@@ -192,7 +189,6 @@ def test_carved_splits_depend_on_split_seed_only(folder, monkeypatch):
     import lightning as L
 
     from project.data.sequences import DigitPixelSequences
-    from project.prepare import plan
 
     def splits(seed: int, split_seed: int = 3):
         L.seed_everything(seed)
@@ -201,11 +197,9 @@ def test_carved_splits_depend_on_split_seed_only(folder, monkeypatch):
         image = folder_module(folder, split_seed=split_seed)
         any_data = DatasetDataModule(DigitPixelSequences(), split_seed=split_seed)
         any_data.setup("fit")
-        _, keys, _, _ = plan("imagefolder", str(folder), SIZE, 0.2, 0.2, split_seed)
         return (
             [[p for p, _ in getattr(image, f"{s}_set").samples] for s in ("val", "test")],
             [list(any_data.val_set.indices), list(any_data.test_set.indices)],
-            [keys["val"], keys["test"]],
         )
 
     first = splits(0)

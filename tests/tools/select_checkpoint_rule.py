@@ -6,9 +6,9 @@ each epoch's weights are scored on a held-out set: the split's own test portion 
 (split_seed 0) test split, so no image of the test split that `make train` reports decides the rule. Each rule
 picks one epoch from the validation numbers alone and is scored by the held-out accuracy of that epoch.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/select_checkpoint_rule.py --seeds 0 1 2 3 --json a.json  # 20 runs
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/select_checkpoint_rule.py --seeds 4 5 6 7 --json b.json
-    .venv/bin/python scripts/select_checkpoint_rule.py --load a.json b.json   # the table over both, no training
+    OMP_NUM_THREADS=1 .venv/bin/python tests/tools/select_checkpoint_rule.py --seeds 0 1 2 3 --json a.json  # 20 runs
+    OMP_NUM_THREADS=1 .venv/bin/python tests/tools/select_checkpoint_rule.py --seeds 4 5 6 7 --json b.json
+    .venv/bin/python tests/tools/select_checkpoint_rule.py --load a.json b.json   # the table over both, no training
 
 One thread per run (OMP_NUM_THREADS=1) was the setting measured (docs/accuracy.md gives the 40 runs' time).
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from lightning.pytorch.callbacks import Callback  # noqa: E402

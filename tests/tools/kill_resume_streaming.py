@@ -1,12 +1,12 @@
 """Kill -9 a streaming run (StreamingDataModule) at random moments, resume it each time from `last`, and compare
 its final weights with an uninterrupted run's, bit for bit; one process or DDP on gloo.
 
-    OMP_NUM_THREADS=1 python scripts/kill_resume_streaming.py --processes 1 --kills 8
-    OMP_NUM_THREADS=1 python scripts/kill_resume_streaming.py --processes 2 --kills 8 --seed 1
+    OMP_NUM_THREADS=1 python tests/tools/kill_resume_streaming.py --processes 1 --kills 8
+    OMP_NUM_THREADS=1 python tests/tools/kill_resume_streaming.py --processes 2 --kills 8 --seed 1
 
 The digits are prepared as `make prepare` writes them (default chunks), the run trains on them with one loader
-worker per process (blocks of batches and the next epoch's prestart both on), augmentation on, a `last`
-checkpoint after every optimizer step. The kills cycle through, at points drawn from --seed:
+worker per process, augmentation on, a `last` checkpoint after every optimizer step. The kills cycle through, at
+points drawn from --seed:
 
 - train:     mid-epoch, in the middle of an optimizer step (after backward, before the update);
 - epoch_end: right after an epoch ended: its validation and checkpoints are written, the next epoch not begun
@@ -35,13 +35,11 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the callback below is named by class path in the runs
-sys.path.insert(0, str(REPO / "scripts"))
-from kill_resume import KillPoint  # noqa: E402 - its marker file and wait, shared with the image-module kills
-
 from tests.ddp_processes import descendants, fork_main, torchrun_env  # noqa: E402 - forked ranks, as the tests
+from tests.tools.kill_resume import KillPoint  # noqa: E402 - its marker file and wait, shared with the image-module kills
 
 EPOCHS, BATCH, VAL_BATCHES = 6, 32, 2
 TRAIN_SAMPLES = 1293  # the digits' training split as prepare writes it
@@ -173,11 +171,7 @@ def kill_resume_streaming(
     import project.cli  # noqa: F401 - imported once here, not in every forked run
     import project.data.streaming  # noqa: F401
     from project.prepare import prepare
-
-    spec_dir = str(REPO / "scripts")
-    if spec_dir not in sys.path:
-        sys.path.insert(0, spec_dir)
-    import kill_resume  # compare()
+    from tests.tools import kill_resume  # compare()
 
     workdir.mkdir(parents=True, exist_ok=True)
     data = workdir / "digits-stream"
@@ -209,7 +203,7 @@ def kill_resume_streaming(
             continue
         marker.unlink(missing_ok=True)
         probe = {
-            "class_path": "scripts.kill_resume_streaming.StreamKillPoint",
+            "class_path": "tests.tools.kill_resume_streaming.StreamKillPoint",
             "init_args": {**target, "marker": str(marker)},
         }
         args = fit_args(data, killed, world, epochs, resume=True) + [
@@ -229,9 +223,7 @@ def kill_resume_streaming(
 def describe(kill: dict) -> str:
     r = kill["resumes_from"]
     loader = r["loader"] or {}
-    state = (
-        "epoch start" if loader.get("epoch_start") else f"{loader.get('num_samples_yielded', 0)} samples read"
-    )
+    state = f"{loader.get('num_samples_yielded', 0)} samples read"
     after = f"; resumes from step {r['global_step']} (epoch {r['epoch']}, loader: litdata epoch "
     after += f"{loader.get('current_epoch')}, {state}, max_epochs {kill['max_epochs']})"
     if kill["landed"] == "finished":

@@ -1,9 +1,9 @@
-"""Plant each known bug (scripts/mutants/*.patch) and check that the tests of the claims it breaks fail.
+"""Plant each known bug (tests/mutants/*.patch) and check that the tests of the claims it breaks fail.
 
-    python scripts/mutate.py                 # every mutant (make mutants)
-    python scripts/mutate.py --list          # names, claims and bugs, nothing run
-    python scripts/mutate.py resume_drops_loader_position other_one   # a subset, by name
-    python scripts/mutate.py --baseline      # first check that those tests pass without any mutant
+    python tests/tools/mutate.py                 # every mutant (make mutants)
+    python tests/tools/mutate.py --list          # names, claims and bugs, nothing run
+    python tests/tools/mutate.py resume_drops_loader_position other_one   # a subset, by name
+    python tests/tools/mutate.py --baseline      # first check that those tests pass without any mutant
 
 A mutant is a `git diff` with a header:
 
@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-MUTANTS = REPO / "scripts/mutants"
+REPO = Path(__file__).resolve().parents[2]
+MUTANTS = REPO / "tests/mutants"
 
 
 @dataclass
@@ -64,7 +64,9 @@ def mutants(names: list[str] | None = None) -> list[Mutant]:
     found = {p.stem: p for p in sorted(MUTANTS.glob("*.patch"))}
     unknown = [n for n in names or [] if n.removesuffix(".patch") not in found]
     if unknown:
-        raise SystemExit(f"No mutant {', '.join(unknown)} in {MUTANTS} (python scripts/mutate.py --list).")
+        raise SystemExit(
+            f"No mutant {', '.join(unknown)} in {MUTANTS} (python tests/tools/mutate.py --list)."
+        )
     chosen = [n.removesuffix(".patch") for n in names] if names else list(found)
     return [read_patch(found[n]) for n in chosen]
 

@@ -1,7 +1,7 @@
 """Kill -9 a training run at chosen points, resume it each time from `last`, compare with an uninterrupted run.
 
-    python scripts/kill_resume.py --kills 20            # the stronger check quoted in the README
-    python scripts/kill_resume.py --kills 3 --seed 1    # what tests/test_resume_kill.py runs
+    python tests/tools/kill_resume.py --kills 20            # the stronger check quoted in the README
+    python tests/tools/kill_resume.py --kills 3 --seed 1    # what tests/test_resume_kill.py runs
 
 The run is `python -m project fit` as a subprocess with a mid-epoch `last` checkpoint every optimizer step.
 The kills cycle through three kinds of moment, in an order and at steps drawn from --seed (so a seed always
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # tests/ddp_processes.py (Forked), and the callback named by class path
 EPOCHS, STEPS_PER_EPOCH, VAL_BATCHES = 3, 6, 2
@@ -218,7 +218,7 @@ def kill_once(cmd: list[str], cwd: Path, run: Path, target: dict, timeout: float
     marker.unlink(missing_ok=True)
     if target["mode"] != "write":
         probe = {
-            "class_path": "scripts.kill_resume.KillPoint",
+            "class_path": "tests.tools.kill_resume.KillPoint",
             "init_args": {**target, "marker": str(marker)},
         }
         cmd = cmd + ["--trainer.callbacks+=" + json.dumps(probe)]
