@@ -14,7 +14,6 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
-from project.atomic import atomic_path
 from project.distributed import env_rank
 from project.errors import ConfigError
 from project.rng import capture_rng_states, restore_rng_states
@@ -191,13 +190,15 @@ class RunCheckpoint(ModelCheckpoint):
         path = self.last_model_path = os.path.join(self.dirpath or "", "last.ckpt")  # set first: it is saved
         linked = False
         if link_to and trainer.is_global_zero:
+            # atomic_write's temporary name: AtomicCheckpointIO clears one that a kill left behind
+            tmp = os.path.join(os.path.dirname(path), f".last.ckpt.{os.getpid()}-{time.monotonic_ns()}.tmp")
             try:
-                with atomic_path(path) as tmp:  # its temporary name: remove_stale clears one a kill left
-                    tmp.unlink()  # os.link needs a free name
-                    os.link(link_to, tmp)
+                os.link(link_to, tmp)
+                os.replace(tmp, path)
                 linked = True
             except OSError:  # some network filesystems have no hard links: written in full
-                pass
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
         if not (link_to and trainer.strategy.broadcast(linked)):
             trainer.save_checkpoint(path, self.save_weights_only)
         self._last_step_saved = trainer.global_step
