@@ -217,7 +217,7 @@ def test_pitfall_guards_look_into_nested_inputs():
         warnings.simplefilter("always")
         with pytest.raises(RuntimeError, match="dtype"):  # the warning comes first, from the pre-hook
             module({"x": x.double(), "lengths": lengths})
-    guards._remove_hooks()
+    guards.teardown(None, None, "fit")
     messages = [str(w.message) for w in caught if issubclass(w.category, PitfallWarning)]
     assert (
         len(messages) == 1

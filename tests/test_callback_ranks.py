@@ -1,11 +1,11 @@
 """Callbacks under DDP take the same collective steps on every rank, whatever state only some ranks have.
 
 A collective that one rank skips, or enters alone, makes the others wait until the collective timeout (10 minutes
-in configs/ddp.yaml). GracefulStop: a signal reaches the ranks one by one, or only one of them, and saving a
-checkpoint is collective; Lightning's SIGTERM handler broadcasts from inside the signal handler (both hung
-`make train-ddp` when rank 1 alone got SIGINT or SIGTERM; fixed, it exits 130/143 within seconds).
-GracefulStop compares the ranks' flags every `check_every_n_steps` batches only (a host read each time), so
-all ranks must count to the same step. NonFiniteLossGuard: a NaN loss on one rank stops every rank at the same
+in configs/ddp.yaml). RunCheckpoint on SIGTERM / Ctrl+C: a signal reaches the ranks one by one, or only one of
+them, and saving a checkpoint is collective; Lightning's SIGTERM handler broadcasts from inside the signal handler
+(both hung `make train-ddp` when rank 1 alone got SIGINT or SIGTERM; fixed, it exits 130/143 within seconds).
+RunCheckpoint compares the ranks' flags (and rank 0's clock) every `check_every_n_steps` batches only (a host read
+each time), so all ranks must count to the same step. NonFiniteLossGuard: a NaN loss on one rank stops every rank at the same
 check, naming that rank's step. RunReport: the test confusion matrix is gathered from every rank, also from one
 whose test shard was empty. Two callbacks stand for two ranks here; their strategy's reduce is the all-reduce
 between them.
@@ -18,21 +18,22 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from project.callbacks import GracefulStop, NonFiniteLossGuard, RunCheckpoint
+from project.callbacks import NonFiniteLossGuard, RunCheckpoint
 from project.callbacks.nonfinite_loss import NonFiniteLossError
 
 
 class _Strategy:
     root_device = torch.device("cpu")
 
-    def __init__(self, ranks: list[GracefulStop]) -> None:
+    def __init__(self, ranks: list[RunCheckpoint]) -> None:
         self.ranks, self.calls, self.value = ranks, 0, None
 
     def reduce(self, tensor, reduce_op: str):
-        # An all-reduce: the ranks' values as they are when the first one enters it, the same result for each.
+        # An all-reduce: the ranks' values as they are when the first one enters it, the same result for each (twice
+        # the signal number: no time interval is set, the clock's bit is 0).
         assert reduce_op == "max"
         if self.calls % len(self.ranks) == 0:
-            self.value = max(rank._received or 0 for rank in self.ranks)
+            self.value = max(2 * (rank._received or 0) for rank in self.ranks)
         self.calls += 1
         return torch.tensor([self.value])
 
@@ -45,14 +46,12 @@ class _Trainer:
 
     def __init__(self, strategy: _Strategy, rank: int) -> None:
         self.strategy, self.is_global_zero, self.saved = strategy, rank == 0, []
-        # GracefulStop asks the run's checkpoint callback to write last.ckpt
-        self.checkpoint_callbacks = [RunCheckpoint(dirpath="run/checkpoints")]
 
     def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
         self.saved.append(path)
 
 
-def _batch_end(stop: GracefulStop, trainer: _Trainer, batch_idx: int) -> int | None:
+def _batch_end(stop: RunCheckpoint, trainer: _Trainer, batch_idx: int) -> int | None:
     try:
         stop.on_train_batch_end(trainer, None, None, None, batch_idx)
     except SystemExit as exit_:
@@ -83,7 +82,7 @@ def _run_until_exit(ranks, trainers, signal_at: int, receivers, signum, epochs: 
 @pytest.mark.claim("stop-signal-saves-and-exits")
 @pytest.mark.parametrize("receivers", [(1,), (0,), (0, 1)], ids=["rank1-only", "rank0-only", "both"])
 def test_every_rank_saves_and_exits_at_the_same_step(receivers, capsys):
-    ranks = [GracefulStop(), GracefulStop()]
+    ranks = [RunCheckpoint(dirpath="run/checkpoints"), RunCheckpoint(dirpath="run/checkpoints")]
     strategy = _Strategy(ranks)
     trainers = [_Trainer(strategy, 0), _Trainer(strategy, 1)]
     every = ranks[0].check_every_n_steps
@@ -100,7 +99,7 @@ def test_every_rank_saves_and_exits_at_the_same_step(receivers, capsys):
 @pytest.mark.claim("stop-signal-saves-and-exits")
 def test_an_epochs_last_batch_waits_for_the_next_epoch_on_every_rank():
     # A check due on an epoch's last batch (batch 19 is the 20th: a multiple of 10) moves to the next epoch's first.
-    ranks = [GracefulStop(), GracefulStop()]
+    ranks = [RunCheckpoint(dirpath="run/checkpoints"), RunCheckpoint(dirpath="run/checkpoints")]
     strategy = _Strategy(ranks)
     trainers = [_Trainer(strategy, 0), _Trainer(strategy, 1)]
     assert ranks[0].check_every_n_steps == 10 and _Trainer.num_training_batches == 20
@@ -224,11 +223,7 @@ def test_sigterm_is_ours_alone_once_training_runs(tmp_path):
     trainer = L.Trainer(
         default_root_dir=tmp_path,
         accelerator="cpu",
-        callbacks=[
-            GracefulStop(),
-            RunCheckpoint(tmp_path / "checkpoints", monitor=None),
-            _SignalInValidation(),
-        ],
+        callbacks=[RunCheckpoint(tmp_path / "checkpoints", monitor=None), _SignalInValidation()],
         max_epochs=2,
         limit_train_batches=3,
         limit_val_batches=2,
@@ -248,40 +243,43 @@ def test_sigterm_is_ours_alone_once_training_runs(tmp_path):
 
 
 @pytest.mark.claim("ddp-timed-save-no-per-step-collective")
-def test_timed_saves_compare_the_clock_every_ten_steps_under_ddp():
+def test_timed_saves_compare_the_clock_every_ten_steps_under_ddp(monkeypatch):
     """RunCheckpoint's train_time_interval (configs/default.yaml: 30 min) under DDP: Lightning broadcasts rank 0's
-    decision at every step; here it does so every 10 steps, at the same steps on every rank, and one process (no
+    decision at every step; here it goes with the signal check, every 10 steps on every rank, and one process (no
     collective) still reads the clock every step."""
     from datetime import timedelta
     from types import SimpleNamespace
 
-    def broadcasts(world_size: int) -> list[int]:
-        seen: list[int] = []
+    from project.callbacks import run_checkpoint
+
+    def checks(world_size: int) -> list[int]:
+        """Steps of the collective checks, and of the saves (negative); 70 s a step: 30 minutes at step 26."""
+        clock, seen = SimpleNamespace(monotonic=lambda: 0.0), []
+        monkeypatch.setattr(run_checkpoint, "time", clock)
         callback = RunCheckpoint(train_time_interval=timedelta(minutes=30))
+        reduce = lambda flag, reduce_op: seen.append(trainer.global_step) or flag  # noqa: E731
         trainer = SimpleNamespace(
             world_size=world_size,
             num_training_batches=100,
             enable_validation=True,  # on_train_start checks that validation logs the monitor
+            is_global_zero=True,
             global_step=0,
-            strategy=SimpleNamespace(broadcast=lambda obj: seen.append(trainer.global_step) or obj),
+            strategy=SimpleNamespace(root_device=torch.device("cpu"), reduce=reduce),
         )
         module = SimpleNamespace(automatic_optimization=True)
         callback.on_train_start(trainer, module)
+        callback.write_last = lambda trainer: seen.append(-trainer.global_step)
         for batch_idx in range(40):
             trainer.global_step = batch_idx + 1
+            clock.monotonic = lambda: 70.0 * trainer.global_step
             callback.on_train_batch_end(trainer, module, None, None, batch_idx)
         return seen
 
-    assert broadcasts(2) == [10, 20, 30, 40]
-    assert broadcasts(1) == list(range(1, 41))  # single process: Lightning's broadcast is a no-op, per step
-
-
-def test_graceful_stop_names_the_missing_checkpoint_callback():
-    # GracefulStop asks the run's RunCheckpoint to write last.ckpt: without one, the run stops before training,
-    # not at the first signal with nothing saved.
-    from types import SimpleNamespace
-
-    from project.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="project.callbacks.RunCheckpoint"):
-        GracefulStop().on_fit_start(SimpleNamespace(checkpoint_callbacks=[]), None)
+    assert checks(2) == [
+        10,
+        20,
+        30,
+        -30,
+        40,
+    ]  # read and agreed on every 10 steps: saved at the first after 26
+    assert checks(1) == [-26]  # one process: no collective, the clock read at every step

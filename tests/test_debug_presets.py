@@ -92,9 +92,13 @@ def test_fast_dev_run_runs_one_batch_of_each_stage_and_writes_nothing(in_tmp, mo
 @pytest.mark.claim("preset-fast-dev-run")
 def test_fast_dev_run_keeps_every_default_callback_that_writes_nothing():
     """The preset replaces the callback list (see its comment): it must stay the default one minus the writers."""
-    from project.callbacks import GracefulStop, RunReport, RunSummary
+    from project.callbacks import RunReport, RunSummary
 
-    writers = (ModelCheckpoint, RunSummary, RunReport, GracefulStop)  # checkpoints, summary.json, report.png
+    writers = (
+        ModelCheckpoint,
+        RunSummary,
+        RunReport,
+    )  # checkpoints (and the signals' save), summary.json, report.png
 
     def cls(entry: dict) -> type:
         module, name = entry["class_path"].rsplit(".", 1)

@@ -12,7 +12,7 @@ except two kinds, where host reads are allowed:
 - the first batch of the run: PitfallGuards inspects the model once (then leaves trainer.callbacks);
 - each epoch's last batch: its bucket holds validation, epoch-end logging, checkpoint writes, and
   NonFiniteLossGuard's read of its flag (the guard also reads every `check_every_n_steps` = 100 batches, more
-  than this run has; GracefulStop reads nothing in one process).
+  than this run has; RunCheckpoint reads no tensor in one process).
 """
 
 import pytest

@@ -92,7 +92,7 @@ def test_last_checkpoint_at_every_epoch_end(in_tmp):
 
 
 class _Trigger(Callback):
-    """31 minutes pass before step 5 (a timed save after it); SIGTERM during step 10 (GracefulStop's save)."""
+    """31 minutes pass before step 5 (a timed save after it); SIGTERM during step 10 (the signal's save)."""
 
     def __init__(self, clock: dict) -> None:
         self.clock = clock

@@ -154,7 +154,7 @@ class _Clock:
 
 
 def _fit_trainer(**limits):
-    """What run_seconds_left reads of a Trainer: the limits, where fit is, the batches per epoch."""
+    """What run_seconds_left reads of a Trainer: the limits, where fit is."""
     from types import SimpleNamespace
 
     values = dict(max_epochs=10, max_steps=-1, current_epoch=0, global_step=0, accumulate_grad_batches=1)
@@ -180,7 +180,7 @@ def bar(monkeypatch):
 
     clock = _Clock()
     monkeypatch.setattr(progress_bar.time, "monotonic", clock)
-    for hook in ("on_train_epoch_start", "on_train_batch_end"):
+    for hook in ("on_train_start", "on_train_epoch_start", "on_train_batch_end"):
         monkeypatch.setattr(RichProgressBar, hook, lambda *a, **k: None)
     monkeypatch.setattr(ProgressBar, "total_train_batches", property(lambda self: 20))
     bar = ProgressBar(min_interval=0.0)
@@ -188,49 +188,44 @@ def bar(monkeypatch):
     return bar
 
 
-def test_run_eta_counts_the_epochs_left_at_the_measured_epoch_time(bar):
+def test_run_eta_counts_the_batches_left_at_the_measured_pace_validation_included(bar):
     trainer = _fit_trainer(max_epochs=10)
+    bar.on_train_start(trainer, None)
     assert bar.run_seconds_left(trainer) is None  # nothing measured yet
     bar.on_train_epoch_start(trainer, None)
     for i in range(5):
         bar.on_train_batch_end(trainer, None, None, None, i)
     bar.clock.now += 1.0  # 5 of 20 training batches in 1 s: 4 s an epoch, validation not measured yet
     assert bar.run_seconds_left(trainer) == pytest.approx(4 * 10 - 1)
+    for i in range(5, 20):
+        bar.on_train_batch_end(trainer, None, None, None, i)
     trainer.current_epoch, bar.clock.now = 1, bar.clock.now + 5.0  # epoch 0 took 6 s, its validation included
-    _epochs(
-        bar, trainer, bar.clock, seconds=6.0, n=2
-    )  # epochs 1 and 2: 6 s each, measured from start to start
+    _epochs(bar, trainer, bar.clock, seconds=6.0, n=2)  # epochs 1 and 2: 6 s each
     bar.on_train_epoch_start(trainer, None)  # epoch 3 starts: 7 epochs left at 6 s
     assert bar.run_seconds_left(trainer) == pytest.approx(7 * 6.0)
-    bar.clock.now += 2.5
-    assert bar.run_seconds_left(trainer) == pytest.approx(7 * 6.0 - 2.5)
     bar.on_train_end(trainer, None)
     assert bar.run_seconds_left(trainer) == 0.0
 
 
-def test_run_eta_of_a_resumed_run_counts_from_its_epoch(bar):
-    trainer = _fit_trainer(max_epochs=10, current_epoch=7, global_step=140)
-    _epochs(
-        bar, trainer, bar.clock, seconds=3.0, n=1, first_batch=12
-    )  # resumed mid-epoch 7: not a whole epoch
+def test_run_eta_of_a_resumed_run_counts_from_its_batch(bar):
+    trainer = _fit_trainer(max_epochs=10, current_epoch=7, global_step=152)
+    bar.on_train_start(trainer, None)
+    _epochs(bar, trainer, bar.clock, seconds=2.0, n=1, first_batch=12)  # resumed mid-epoch 7: 8 batches, 2 s
     bar.on_train_epoch_start(trainer, None)  # epoch 8
-    assert bar._epoch_seconds == []  # the partial epoch was not taken as an epoch's time
-    for i in range(10):
+    assert bar.run_seconds_left(trainer) == pytest.approx(2 * 20 * 0.25)  # epochs 8 and 9 at 0.25 s a batch
+    for i in range(12):
         bar.on_train_batch_end(trainer, None, None, None, i)
-    bar.clock.now += 2.0  # 10 batches in 2 s: 4 s an epoch; epochs 8 (half done) and 9 are left
-    assert bar.run_seconds_left(trainer) == pytest.approx(4.0 * 2 - 2.0)
-    bar.clock.now += 2.0  # epoch 8 ends after 4 s
-    trainer.current_epoch = 9
-    bar.on_train_epoch_start(trainer, None)
-    assert bar.run_seconds_left(trainer) == pytest.approx(4.0)  # one epoch left
+    bar.clock.now += 3.0  # 20 batches in 5 s: 0.25 s a batch; 8 + 20 batches left
+    assert bar.run_seconds_left(trainer) == pytest.approx(28 * 0.25)
 
 
 def test_run_eta_stops_at_max_steps_and_max_time(bar):
     from lightning.pytorch.callbacks import Timer
 
     trainer = _fit_trainer(max_epochs=100, max_steps=100, accumulate_grad_batches=2)  # 10 steps an epoch
+    bar.on_train_start(trainer, None)
     _epochs(bar, trainer, bar.clock, seconds=5.0, n=1)
-    bar.on_train_epoch_start(trainer, None)  # 5 s an epoch, 90 steps = 9 epochs left (not 98)
+    bar.on_train_epoch_start(trainer, None)  # 5 s an epoch, 90 steps = 9 epochs left (not 99)
     assert bar.run_seconds_left(trainer) == pytest.approx(9 * 5.0)
     timer = Timer(duration={"seconds": 30})
     timer.time_remaining = lambda stage="train": 20.0  # max_time: Lightning's Timer, 20 s left

@@ -210,13 +210,13 @@ def test_report_history_survives_checkpoint_restore():
     again = RunReport()
     again.load_state_dict(state)
     again.lrs[11] = [1e-5, 1e-6]
-    assert again.history()["lrs"] == {0: [1e-3], 5: [2e-3], 10: [1e-4], 11: [1e-5, 1e-6]}
+    assert again.lrs == {0: [1e-3], 5: [2e-3], 10: [1e-4], 11: [1e-5, 1e-6]}
     packed = again.state_dict()
     assert packed["lr_values"].shape == (4, 2)
-    again.load_state_dict(packed)
-    again.lrs.clear()
-    assert again.history()["lrs"] == {0: [1e-3], 5: [2e-3], 10: [1e-4], 11: [1e-5, 1e-6]}
-    # The test after fit restores the best (earlier) checkpoint: the epochs seen in this process win.
+    fresh = RunReport()
+    fresh.load_state_dict(packed)
+    assert fresh.lrs == {0: [1e-3], 5: [2e-3], 10: [1e-4], 11: [1e-5, 1e-6]}
+    # The test after fit restores the best (earlier) checkpoint: the epochs seen in this process stay.
     resumed.load_state_dict({"epochs": {0: {"val/acc": 0.1}}, "lrs": {0: [1e-3]}})
     assert resumed.state_dict()["epochs"][2] == {"val/acc": 0.3}
     # Group names: this process's when it recorded some, else the checkpoint's.

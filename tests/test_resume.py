@@ -150,7 +150,7 @@ def test_sigterm_mid_epoch_saves_exits_143_and_resumes_identically(reference, in
     # and every random stream (CUDA's only where CUDA is in use).
     assert state["epoch"] == 2 and state["optimizer_states"][0]["state"]
     assert state["lr_schedulers"][0]["last_epoch"] == 8  # stepped once per optimizer step
-    (rng,) = [v for k, v in state["callbacks"].items() if k.startswith("RNGState")]
+    (rng,) = [v["rng"] for k, v in state["callbacks"].items() if k.startswith("RunCheckpoint")]
     assert {"python", "numpy", "torch"} <= set(rng) and ("cuda" in rng) == torch.cuda.is_initialized()
     assert run_cli("fit", *FLAGS, "--ckpt_path", "runs/t/checkpoints/last.ckpt") == 0
     assert_identical(reference, in_tmp / "runs/t")

@@ -1,10 +1,9 @@
-"""RunSummary: writes `summary.json` in the run directory after fit, and again with test results."""
+"""RunSummary: `summary.json` in the run directory after fit, and again with the test results."""
 
 import json
 import time
 from pathlib import Path
 
-import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from project.atomic import write_text_atomic
@@ -13,43 +12,19 @@ from project.rng import run_seed
 
 
 class RunSummary(Callback):
-    """Keeps the numbers a run is judged by in one small file, `<run dir>/summary.json`.
-
-    Keys: best_val_acc and test_acc (fractions 0-1), best_checkpoint, last_checkpoint, monitor and best_score,
-    epochs, global_step, seed (`seed_everything`'s value, see project.rng.run_seed), train_seconds (wall time of
-    trainer.fit, validation included), plus every test metric (`test/acc` or `test_acc`: test_acc). The selection
-    rule is the checkpoint callback's:
-    `monitor` is its metric (configs/default.yaml: `val/loss`), `best_score` that metric's value at the selected
-    checkpoint, and `best_val_acc` the `val/acc` of that same checkpoint (not the highest `val/acc` of the run).
-    Without a monitored checkpoint callback the final weights are the ones tested: best_val_acc is then the last
-    validation's `val/acc`.
-    """
+    """The numbers a run is judged by, in `<run dir>/summary.json`: `selected`'s, epochs, global_step, seed
+    (project.rng.run_seed), train_seconds (wall time of trainer.fit), and every test metric (`test/acc` or
+    `test_acc`: test_acc)."""
 
     def __init__(self) -> None:
-        self.summary: dict = {}
-        self._fit_start: float | None = None
+        self.summary, self._fit_start = {}, None
 
-    def path(self, trainer: "L.Trainer") -> Path:
-        return Path(trainer.default_root_dir) / "summary.json"
-
-    def on_fit_start(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+    def on_fit_start(self, trainer, pl_module) -> None:
         self._fit_start = time.perf_counter()
 
-    def on_fit_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
-        ckpt = selecting_checkpoint(trainer)
-        score = ckpt.best_model_score if ckpt is not None else None
-        if ckpt is None:
-            best_val_acc = stage_metrics(trainer.callback_metrics, "val").get("val/acc")
-        elif staged(ckpt.monitor, "val") == "val/acc":
-            best_val_acc = float(score) if score is not None else None
-        else:  # RunCheckpoint remembers the selected epoch's val/* metrics; a plain ModelCheckpoint does not
-            best_val_acc = getattr(ckpt, "best_model_metrics", {}).get("val/acc")
+    def on_fit_end(self, trainer, pl_module) -> None:
         self.summary.update(
-            best_val_acc=best_val_acc,
-            best_checkpoint=ckpt.best_model_path if ckpt else "",
-            last_checkpoint=last_checkpoint(trainer),
-            monitor=ckpt.monitor if ckpt else None,
-            best_score=float(score) if score is not None else None,
+            **selected(trainer),
             epochs=trainer.current_epoch,
             global_step=trainer.global_step,
             seed=run_seed(),
@@ -57,30 +32,34 @@ class RunSummary(Callback):
         )
         self._write(trainer)
 
-    def on_test_end(self, trainer: "L.Trainer", pl_module: "L.LightningModule") -> None:
+    def on_test_end(self, trainer, pl_module) -> None:
         tested = stage_metrics(trainer.callback_metrics, "test")
         self.summary.update({k.replace("/", "_"): v for k, v in tested.items()})
         self._write(trainer)
 
-    def _write(self, trainer: "L.Trainer") -> None:
+    def _write(self, trainer) -> None:
         if trainer.is_global_zero and not trainer.sanity_checking:
-            self.path(trainer).parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.path(trainer), json.dumps(self.summary, indent=2) + "\n")
+            path = Path(trainer.default_root_dir) / "summary.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, json.dumps(self.summary, indent=2) + "\n")
 
 
-def selecting_checkpoint(trainer: "L.Trainer") -> ModelCheckpoint | None:
-    """The ModelCheckpoint that selects the best checkpoint: the first one with a `monitor`."""
-    return next(
-        (c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None
-    )
-
-
-def last_checkpoint(trainer: "L.Trainer") -> str:
-    return next(
-        (
-            c.last_model_path
-            for c in trainer.checkpoint_callbacks
-            if isinstance(c, ModelCheckpoint) and c.last_model_path
-        ),
-        "",
+def selected(trainer) -> dict:
+    """best_val_acc, best_checkpoint, last_checkpoint, monitor and best_score. The selection is the first
+    ModelCheckpoint's with a `monitor`, and best_val_acc the val/acc of the selected epoch (RunCheckpoint remembers
+    it), not the run's highest. Without one the final weights are tested: best_val_acc is the last val/acc."""
+    checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+    last = next((c.last_model_path for c in checkpoints if c.last_model_path), "")
+    ckpt = next((c for c in checkpoints if c.monitor), None)
+    score = ckpt.best_model_score if ckpt is not None else None
+    score = float(score) if score is not None else None
+    if ckpt is None:
+        acc = stage_metrics(trainer.callback_metrics, "val").get("val/acc")
+    elif staged(ckpt.monitor, "val") == "val/acc":
+        acc = score
+    else:
+        acc = getattr(ckpt, "best_model_metrics", {}).get("val/acc")
+    best, monitor = (ckpt.best_model_path, ckpt.monitor) if ckpt else ("", None)
+    return dict(
+        best_val_acc=acc, best_checkpoint=best, last_checkpoint=last, monitor=monitor, best_score=score
     )
