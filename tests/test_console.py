@@ -113,18 +113,16 @@ def test_bar_shows_the_time_left_for_the_whole_run(make_train):
     result, lines = make_train
     i = max(n for n, line in enumerate(lines) if line.startswith("Epoch 1/1"))
     assert eta_shown(lines, i) == "0:00:00", "\n".join(lines[i : i + 3])  # fit has ended: nothing left
-    frames = re.findall(r"Epoch 0/1 .*?run ETA", result.stdout)  # the column is on epoch 0's redraws too
+    frames = re.findall(
+        r"Epoch 0/1 .*?run ETA", result.stdout, re.S
+    )  # the column is on epoch 0's redraws too
     assert frames, result
 
 
 def eta_shown(lines: list[str], i: int) -> str | None:
-    """The `run ETA` value of the bar on line i. A row wider than the terminal folds its cells: the value is then
-    on the next line, in the same column."""
-    col = lines[i].index("run ETA")
-    if found := re.match(r"run ETA (\d+:\d\d:\d\d)", lines[i][col:]):
-        return found.group(1)
-    following = lines[i + 1][col:] if i + 1 < len(lines) else ""
-    found = re.match(r"(\d+:\d\d:\d\d)", following)
+    """The `run ETA` value of the bar on line i: the bar's metrics text (`run ETA: h:mm:ss`), which a narrow terminal
+    folds onto the lines below."""
+    found = re.search(r"run\s+ETA:?\s+(\d+:\d\d:\d\d)", " ".join(lines[i : i + 3]))
     return found.group(1) if found else None
 
 
