@@ -1,6 +1,7 @@
 """What a run prints: Lightning's advertising tips are dropped (project/console.py), and `make train` in a
 terminal leaves one bar per epoch with the whole run's time left, and the run directory on its last line."""
 
+import itertools
 import logging
 import re
 from pathlib import Path
@@ -122,7 +123,8 @@ def test_bar_shows_the_time_left_for_the_whole_run(make_train):
 def eta_shown(lines: list[str], i: int) -> str | None:
     """The `run ETA` value of the bar on line i: the bar's metrics text (`run ETA: h:mm:ss`), which a narrow terminal
     folds onto the lines below."""
-    found = re.search(r"run\s+ETA:?\s+(\d+:\d\d:\d\d)", " ".join(lines[i : i + 3]))
+    bar = [lines[i], *itertools.takewhile(lambda line: line.startswith(" "), lines[i + 1 :])]
+    found = re.search(r"run\s+ETA:?\s+(\d+:\d\d:\d\d)", " ".join(bar))
     return found.group(1) if found else None
 
 
