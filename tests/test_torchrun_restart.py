@@ -102,6 +102,7 @@ def env() -> dict:
     return env_for_children() | {"PY": sys.executable, "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.claim("ddp-torchrun-restarts")
 def test_default_is_three_restarts_with_a_c10d_rendezvous(tmp_path):
     echo = tmp_path / "python"
     echo.write_text('#!/usr/bin/env bash\necho "$*"\n')
@@ -128,6 +129,7 @@ def killed_and_clean(tmp_path_factory, env) -> tuple[Path, list]:
     return tmp, finish_together(procs, timeout=2 * LAUNCH_DEADLINE_S - 30)
 
 
+@pytest.mark.claim("ddp-torchrun-restarts")
 @pytest.mark.slow
 @pytest.mark.timeout(2 * LAUNCH_DEADLINE_S)
 def test_a_rank_killed_mid_step_in_validation_and_mid_checkpoint_restarts_the_group(killed_and_clean):
@@ -153,6 +155,7 @@ def test_restarted_run_ends_bit_identical_to_an_undisturbed_one(killed_and_clean
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.claim("ddp-torchrun-restarts")
 @pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_DEADLINE_S + 30)
 def test_two_agents_restart_together_when_one_rank_dies(tmp_path, env):
