@@ -16,14 +16,7 @@ from tests.conftest import QUIET, REPO
 from tests.ddp_processes import LAUNCH_DEADLINE_S, env_for_children, finish_together, free_port, start
 
 TORCHRUN = REPO / "scripts/torchrun.sh"
-FLAGS = [
-    "--trainer.max_epochs",
-    "3",
-    "--trainer.limit_train_batches",
-    "4",
-    "--trainer.limit_val_batches",
-    "2",
-]
+FLAGS = "--trainer.max_epochs 2 --trainer.limit_train_batches 4 --trainer.limit_val_batches 2".split()
 FLAGS += ["--test_after_fit", "false", *QUIET]
 PHASES = ["step", "validation", "checkpoint"]
 
