@@ -1,28 +1,10 @@
 """`make bench`: the template against a hand-written PyTorch loop and against stock Lightning, same settings.
 
-    python scripts/bench.py            # full: 5 rounds, 5 epochs a run (3-9 min on 2 cores)
-    python scripts/bench.py --quick    # 2 rounds, 3 epochs a run (about 2 min)
+    python scripts/bench.py            # full: 5 rounds, 5 epochs a run
+    python scripts/bench.py --quick    # 2 rounds, 3 epochs a run
     python scripts/bench.py --smoke    # 1 round of 2 batches an epoch: every key, no measurement (make test)
 
-Three sides train the ConvNet of configs/default.yaml on the same batches (its data settings, the in-memory loader,
-normalised per batch on the device), with the same AdamW groups (fused kernel), warmup-cosine schedule, label
-smoothing, channels_last and precision (the template's auto: bf16-mixed on a bf16 GPU, 32-true on CPU), each with
-a validation pass per epoch:
-- template: `python -m project fit` as `make train` builds it (project.cli.build_cli: the config, loggers, metrics,
-  checkpoints, callbacks and progress bar), without the test after fit;
-- stock Lightning: a LightningModule with the template's logged metrics (torchmetrics), Lightning's ModelCheckpoint
-  (the best by val/loss and last.ckpt at every epoch end), TensorBoard and CSV loggers, a LearningRateMonitor,
-  deterministic; no progress bar (the template draws one);
-- loop: zero_grad, forward, loss, backward, step, scheduler step; accuracy under no_grad.
-
-One loop epoch runs just before each epoch of the template and of stock Lightning, in the same process (EpochClock),
-so a slow moment of a shared machine hits both sides of a pair. A ratio is the median over the steady epoch pairs of
-every round (a run's first epoch is warm-up, reported apart); template / stock Lightning is the ratio of their ratios
-to the loop. The sides alternate ABC, CBA from round to round. An option is the template with one flag, against the
-default of the same rounds. Also: the whole `trainer.fit` against the loop doing the same work (validation loss,
-accuracy and top-5, a checkpoint each epoch), and `make train` as shipped in a fresh process (training seconds, test
-accuracy, seconds from the command to the first step, peak RSS) beside a fresh `import torch, lightning`.
-Writes runs/bench/bench.json and prints a markdown table.
+The three sides and how they are paired: docs/performance.md. Writes runs/bench/bench.json, prints a markdown table.
 """
 
 import argparse
@@ -57,35 +39,15 @@ from project.models import ConvNet  # noqa: E402
 from project.optim import warmup_cosine  # noqa: E402
 
 DEFAULT = yaml.safe_load((ROOT / "configs/default.yaml").read_text())
-DEVICE = torch.device(
-    "cuda" if torch.cuda.is_available() else "cpu"
-)  # where the template's `accelerator: auto` goes
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where `accelerator: auto` goes
 PRECISION = auto_precision()
 PROFILES = {  # rounds, epochs a run, batches an epoch (None: all), epochs of the whole fit, default runs, options
-    "full": dict(
-        rounds=5, epochs=5, limit=None, fit_epochs=15, default_runs=3, option_rounds=3, compile=True
-    ),
-    "quick": dict(
-        rounds=2, epochs=3, limit=None, fit_epochs=15, default_runs=1, option_rounds=1, compile=True
-    ),
+    "full": dict(rounds=5, epochs=5, limit=None, fit_epochs=15, default_runs=3, option_rounds=3, compile=True),
+    "quick": dict(rounds=2, epochs=3, limit=None, fit_epochs=15, default_runs=1, option_rounds=1, compile=True),
     "smoke": dict(rounds=1, epochs=2, limit=2, fit_epochs=2, default_runs=1, option_rounds=1, compile=False),
-}
+}  # fmt: skip
 # Options whose effect stands out of the run-to-run noise (docs/performance.md): name -> the template's extra flags.
-OPTIONS = {
-    "bf16_mixed": ["--trainer.precision", "bf16-mixed"],
-    "accumulate_grad_batches_2": ["--trainer.accumulate_grad_batches", "2"],
-    "torch_threads_1": [],  # one intra-op thread for both sides (see threads())
-    "compile": ["--model.init_args.compile", "true"],
-}
-SMOKE_ARGS = [
-    "--trainer.max_epochs",
-    "1",
-    "--trainer.limit_train_batches",
-    "2",
-    "--trainer.limit_val_batches",
-    "1",
-]
-SMOKE_ARGS += ["--trainer.limit_test_batches", "1"]
+OPTIONS = {"bf16_mixed": "--trainer.precision=bf16-mixed", "compile": "--model.init_args.compile=true"}
 
 
 def now() -> float:
@@ -114,9 +76,7 @@ class RawLoop:
             limit,
             save_to,
         )
-        self.prepare = (
-            dm.on_after_batch_transfer
-        )  # normalised per batch, as the data module does for the template
+        self.prepare = dm.on_after_batch_transfer  # normalised per batch, as for the template
         self.model = ConvNet(dm.num_classes, dm.in_channels, **model["model"]["init_args"])
         self.model.to(DEVICE, memory_format=torch.channels_last)
         params = list(self.model.parameters())
@@ -170,12 +130,8 @@ class RawLoop:
         self.val_acc = float(correct) / count  # one host read per epoch
         if self.save_to:
             self.val_loss, self.val_acc5 = float(loss) / count, float(top5) / count
-            state = {
-                "model": self.model.state_dict(),
-                "opt": self.opt.state_dict(),
-                "sched": self.sched.state_dict(),
-            }
-            torch.save(state, self.save_to)
+            state = {"model": self.model, "opt": self.opt, "sched": self.sched}
+            torch.save({k: v.state_dict() for k, v in state.items()}, self.save_to)
         return now() - t, train
 
 
@@ -224,10 +180,8 @@ class BenchCLI(ProjectCLI):
         super().before_fit()
         self.clock = EpochClock(self.raw)
         drop = () if self.whole_fit else ("LogConfig", "RunReport")
-        self.trainer.callbacks = [
-            self.clock,
-            *(c for c in self.trainer.callbacks if type(c).__name__ not in drop),
-        ]
+        kept = [c for c in self.trainer.callbacks if type(c).__name__ not in drop]
+        self.trainer.callbacks = [self.clock, *kept]
         self.fit_start = time.perf_counter()
 
     def after_fit(self) -> None:  # the test after fit is not run: the fit is what is timed
@@ -326,17 +280,6 @@ def stock_run(p: dict, epochs: int) -> dict:
     return clock.figures(trainer.num_training_batches)
 
 
-@contextlib.contextmanager
-def threads(n: int | None):
-    """n intra-op threads for the run (None: as they are)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n or before)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def whole_fit(p: dict) -> dict:
     """trainer.fit of the template (sanity check, fit_epochs epochs with validation, checkpoints, logging; a test
     to follow, not run) against the loop doing the same work, alternated."""
@@ -350,12 +293,9 @@ def whole_fit(p: dict) -> dict:
                 raw = RawLoop(p["fit_epochs"], p["limit"], save_to=f"{tmp}/last.pt")
                 loop.append(sum(raw.epoch()[0] for _ in range(raw.epochs)))
     ratios = [t / r for t, r in zip(template, loop)]
-    return {
-        "epochs": p["fit_epochs"],
-        "template_seconds": med(template),
-        "loop_seconds": med(loop),
-        "ratio": med(ratios),
-    }
+    return dict(
+        epochs=p["fit_epochs"], template_seconds=med(template), loop_seconds=med(loop), ratio=med(ratios)
+    )
 
 
 class FirstStepProbe(Callback):
@@ -379,12 +319,8 @@ def default_runs(p: dict, smoke: bool) -> dict:
             env = {**os.environ, "BENCH_FIRST_STEP_FILE": f"{tmp}/first_step"}
             env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT), env.get("PYTHONPATH", "")])
             cmd = [sys.executable, "-m", "project", "fit", "--config", str(ROOT / "configs/default.yaml")]
-            cmd += [
-                "--run_dir",
-                f"{tmp}/run",
-                "--trainer.callbacks+=bench.FirstStepProbe",
-                *(SMOKE_ARGS * smoke),
-            ]
+            cmd += ["--run_dir", f"{tmp}/run", "--trainer.callbacks+=bench.FirstStepProbe"]
+            cmd += ["--config", str(ROOT / "configs/debug/limit_batches.yaml")] * smoke
             with open(f"{tmp}/log.txt", "w") as log:
                 start = time.time()
                 proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -392,15 +328,10 @@ def default_runs(p: dict, smoke: bool) -> dict:
             if os.waitstatus_to_exitcode(status) != 0:
                 raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{Path(tmp, 'log.txt').read_text()[-3000:]}")
             summary = json.loads(Path(tmp, "run", "summary.json").read_text())
-            runs.append(
-                {
-                    "train_seconds": summary["train_seconds"],
-                    "test_acc": summary.get("test_acc"),
-                    "startup_seconds": round(float(Path(tmp, "first_step").read_text()) - start, 3),
-                    "import_torch_lightning_seconds": round(imports, 3),
-                    "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-                }
-            )
+            first_step = float(Path(tmp, "first_step").read_text())
+            runs.append(dict(train_seconds=summary["train_seconds"], test_acc=summary.get("test_acc"),
+                             startup_seconds=round(first_step - start, 3), peak_rss_mb=round(usage.ru_maxrss / 1024, 1),
+                             import_torch_lightning_seconds=round(imports, 3)))  # fmt: skip
     return {**{k: med([r[k] for r in runs]) for k in runs[0]}, "runs": runs}
 
 
@@ -444,25 +375,22 @@ def bench(p: dict, smoke: bool) -> dict:
     arms = {
         "template": lambda: template_run(p, p["epochs"]),
         "stock_lightning": lambda: stock_run(p, p["epochs"]),
-        **{k: (lambda k=k, v=v: template_run(p, p["epochs"], v)) for k, v in options.items()},
+        **{k: (lambda v=v: template_run(p, p["epochs"], [v])) for k, v in options.items()},
     }
     got: dict[str, list] = {k: [] for k in arms}
     for i in range(p["rounds"]):
         names = [n for n in arms if n in ("template", "stock_lightning") or i < p["option_rounds"]]
         for name in names if i % 2 == 0 else names[::-1]:
-            with threads(1 if name == "torch_threads_1" else None):
-                got[name].append(arms[name]())
+            got[name].append(arms[name]())
     template, stock = side_figures(got["template"]), side_figures(got["stock_lightning"])
     res = {"template": template, "stock_lightning": stock, "options": {}}
     res["template_vs_stock_lightning"] = round(template["vs_loop"] / stock["vs_loop"], 4)
     for name in options:
         base = ratios(got["template"][: len(got[name])])
+        figures = side_figures(got[name])  # the warm-up epoch holds compile's time
         res["options"][name] = {
             "vs_default": round(statistics.median(ratios(got[name])) / statistics.median(base), 4),
-            "samples_per_s": side_figures(got[name])["samples_per_s"],
-            "warmup_epoch_seconds": side_figures(got[name])[
-                "warmup_epoch_seconds"
-            ],  # compile's time is in it
+            **{k: figures[k] for k in ("samples_per_s", "warmup_epoch_seconds")},
         }
     res["whole_fit"] = whole_fit(p)
     res["default_run"] = default_runs(p, smoke)
@@ -485,46 +413,23 @@ def machine() -> dict:
 
 
 def table(res: dict) -> str:
-    t, s, f, d, m = (
-        res["template"],
-        res["stock_lightning"],
-        res["whole_fit"],
-        res["default_run"],
-        res["machine"],
-    )
+    t, s, f, d, m = (res[k] for k in ("template", "stock_lightning", "whole_fit", "default_run", "machine"))
     rows = [
         ("**template ÷ stock Lightning**, same settings", f"**{res['template_vs_stock_lightning']}**"),
-        (
-            f"template ÷ loop (median of {t['epoch_pairs']} epoch pairs; IQR)",
-            f"{t['vs_loop']}; {t['vs_loop_iqr']}",
-        ),
-        (
-            f"stock Lightning ÷ loop (median of {s['epoch_pairs']} epoch pairs; IQR)",
-            f"{s['vs_loop']}; {s['vs_loop_iqr']}",
-        ),
-        (
-            f"overhead over the loop, per step (the loop's step: {t['loop_step_ms']} ms) / per epoch: template; stock",
-            f"{t['per_step_overhead_ms']} / {t['per_epoch_overhead_ms']} ms; "
-            f"{s['per_step_overhead_ms']} / {s['per_epoch_overhead_ms']} ms",
-        ),
-        (
-            "samples/s: template / stock Lightning / loop",
-            f"{t['samples_per_s']:.0f} / {s['samples_per_s']:.0f} / {t['loop_samples_per_s']:.0f}",
-        ),
-        (
-            "warm-up epoch s: template / stock Lightning",
-            f"{t['warmup_epoch_seconds']} / {s['warmup_epoch_seconds']}",
-        ),
-        (
-            f"whole trainer.fit ({f['epochs']} epochs) ÷ the loop doing the same work",
-            f"{f['ratio']} ({f['template_seconds']} s vs {f['loop_seconds']} s)",
-        ),
-        (
-            "`make train`: training s / test acc / command to first step s (`import torch, lightning`) / peak RSS MB",
-            f"{d['train_seconds']} / {d['test_acc']} / {d['startup_seconds']} ({d['import_torch_lightning_seconds']})"
-            f" / {d['peak_rss_mb']}",
-        ),
-    ]
+        (f"template ÷ loop (median of {t['epoch_pairs']} epoch pairs; IQR)", f"{t['vs_loop']}; {t['vs_loop_iqr']}"),
+        (f"stock Lightning ÷ loop (median of {s['epoch_pairs']} epoch pairs; IQR)", f"{s['vs_loop']}; {s['vs_loop_iqr']}"),
+        (f"overhead over the loop, per step (the loop's step: {t['loop_step_ms']} ms) / per epoch: template; stock",
+         f"{t['per_step_overhead_ms']} / {t['per_epoch_overhead_ms']} ms; "
+         f"{s['per_step_overhead_ms']} / {s['per_epoch_overhead_ms']} ms"),
+        ("samples/s: template / stock Lightning / loop",
+         f"{t['samples_per_s']:.0f} / {s['samples_per_s']:.0f} / {t['loop_samples_per_s']:.0f}"),
+        ("warm-up epoch s: template / stock Lightning", f"{t['warmup_epoch_seconds']} / {s['warmup_epoch_seconds']}"),
+        (f"whole trainer.fit ({f['epochs']} epochs) ÷ the loop doing the same work",
+         f"{f['ratio']} ({f['template_seconds']} s vs {f['loop_seconds']} s)"),
+        ("`make train`: training s / test acc / command to first step s (`import torch, lightning`) / peak RSS MB",
+         f"{d['train_seconds']} / {d['test_acc']} / {d['startup_seconds']} ({d['import_torch_lightning_seconds']})"
+         f" / {d['peak_rss_mb']}"),
+    ]  # fmt: skip
     rows += [
         (f"option {k}: × default (warm-up epoch s)", f"×{v['vs_default']} ({v['warmup_epoch_seconds']})")
         for k, v in res["options"].items()

@@ -1,25 +1,12 @@
-"""The GPU check's stages (started by scripts/gpu_check.sh, which installs the prepared wheels first).
+"""The GPU check's stages, started by scripts/gpu_check.sh (which installs the prepared wheels first).
 
-    scripts/gpu_check.sh [OUT_DIR]             # on a CUDA machine, <= 5 minutes; OUT_DIR defaults to runs/gpu_check
-    scripts/gpu_check.sh --dry-run [OUT_DIR]   # the same stages on CPU, tiny sizes (tests/test_gpu_check.py)
-
-Every stage runs what a user runs (`python3 -m project ...`, `scripts/bench.py`) on this machine's own Python, and
-writes `<OUT_DIR>/<stage>.json` the moment it ends, then `<OUT_DIR>/summary.json` (every stage so far), so a check
-cut short by a time limit still leaves what finished. Stages, cheapest and most telling first:
-
-- environment: Python, torch (any >= 2.6, the project's floor), CUDA, GPU, NCCL, lightning; where each package that
-  came as a wheel was imported from;
-- doctor: `python3 -m project doctor`, its checks and exit code;
-- fit: `python3 -m project fit` with configs/default.yaml (precision left to the hardware), plus gpu_check_probes.Probe,
-  which writes fit_probe.json (device, precision, loader, peak GPU memory) and sync_debug.json (host syncs in
-  steady-state steps);
-- nondeterministic: a model with AdaptiveAvgPool2d(7) (as in VGG) under the default `deterministic: true` must end
-  in one paragraph naming `--trainer.deterministic warn` (exit code 2), and then train with that flag (GPU only);
-- ddp: the fit again with configs/ddp.yaml on 1 device: a DDP process group (NCCL on the GPU, gloo in the dry-run);
-- bench: `scripts/bench.py --quick` (`--smoke` in the dry-run): template vs hand-written loop vs stock Lightning on
-  the device, given whatever time the 5-minute budget has left.
-
-The exit code is 0 when every stage passed.
+Each stage runs what a user runs (`python3 -m project ...`, `scripts/bench.py`) on this machine's Python and writes
+`<out>/<stage>.json` the moment it ends, then `<out>/summary.json`, so a check cut short keeps what finished:
+environment (versions; where each wheel's package imports from), doctor, fit (configs/default.yaml, precision left
+to the hardware, with gpu_check_probes.Probe: fit_probe.json and sync_debug.json), nondeterministic (an
+AdaptiveAvgPool2d model under `deterministic: true` must end in one paragraph naming `--trainer.deterministic
+warn`, then train with it, on the GPU only), ddp (configs/ddp.yaml on 1 device), bench (`scripts/bench.py --quick`,
+`--smoke` in the dry-run). Exit code 0 when every stage passed.
 """
 
 import argparse
@@ -41,13 +28,9 @@ from importlib import metadata
 from pathlib import Path
 
 FLOOR = (2, 6)  # pyproject.toml: torch>=2.6 (torch.load before 2.6 is affected by CVE-2025-32434)
-WHEEL_PACKAGES = (
-    "jsonargparse",
-    "docstring_parser",
-    "typeshed_client",
-)  # gpu_check.sh's WHEELS, import names
-BUDGET_S = 290  # the whole check within 5 minutes on one GPU, start-up of this script included
-# Per-stage caps (s): a hung stage cannot eat the others' time. Each is also cut to what the budget has left.
+WHEEL_PACKAGES = ("jsonargparse", "docstring_parser", "typeshed_client")  # gpu_check.sh's WHEELS
+BUDGET_S = 290  # the whole check within 5 minutes on one GPU
+# Per-stage caps (s) on the GPU, so a hung stage cannot eat the others' time; each is cut to the budget left.
 CAPS = {"doctor": 60, "fit": 120, "nondeterministic": 100, "ddp": 90, "bench": 200}
 FIT = [sys.executable, "-m", "project", "fit", "--config", "configs/default.yaml"]
 
@@ -59,9 +42,7 @@ class Check:
         self.stages: list[dict] = []
         self.summary: dict = {"dry_run": dry_run, "out": str(out), "stages": self.stages}
         self.lock = threading.Lock()
-        # The dry-run on a CPU machine forks its Python stages from this process once it has imported torch and
-        # lightning (fork_ready); None: every stage is a new interpreter, as on the GPU machine.
-        self.forks: threading.Lock | None = None
+        self.forks: threading.Lock | None = None  # set by fork_ready: stages are forks of this process
 
     def remaining(self) -> float:
         return self.budget_s - (time.perf_counter() - self.started)
@@ -76,7 +57,7 @@ class Check:
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def record(self, name: str, result: dict, problems: list[str], file: str | None = None) -> None:
-        """The stage's JSON (unless `file`, written by the stage itself) and the summary so far; a line printed."""
+        """The stage's JSON (unless the stage wrote `file` itself), the summary so far, and a line printed."""
         result = {"stage": name, **result, "passed": not problems, "why": "; ".join(problems) or None}
         with self.lock:
             if file is None:
@@ -86,13 +67,12 @@ class Check:
             self.summary["seconds"] = round(time.perf_counter() - self.started, 1)
             self.summary["passed"] = all(s["passed"] for s in self.stages)
             self.write("summary", self.summary)
-        verdict = "passed" if not problems else f"FAILED: {result['why']}"
+        verdict = f"FAILED: {result['why']}" if problems else "passed"
         print(f"[gpu_check] {name}: {verdict} ({result.get('seconds') or 0:.1f} s)", flush=True)
 
     def run(self, name: str, argv: list[str], log: str | None = None, timeout: float | None = None) -> dict:
-        """Run a command from the repository root within this stage's cap (or `timeout`) and the budget left;
-        stdout and stderr go to <log>.out.log and <log>.err.log. A command past its time is killed with its whole
-        process group (DDP ranks included); CPU seconds are the process's and its children's."""
+        """A command from the repository root, logs in <log>.out.log/.err.log, killed with its whole process
+        group (DDP ranks included) past the stage's cap or the budget left."""
         cap = self.budget_s if self.dry_run else CAPS[name]  # the dry-run's speed depends on a shared CPU
         timeout = max(1.0, min(cap if timeout is None else timeout, self.remaining()))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -105,10 +85,7 @@ class Check:
                 pid = fork(argv, env, out, err, self.forks)
             else:
                 proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)
-                pid, proc.returncode = (
-                    proc.pid,
-                    -1,
-                )  # reaped below: Popen must not wait for it (or reap it) again
+                pid, proc.returncode = proc.pid, -1  # reaped below, not by Popen
             while not (done := os.wait4(pid, os.WNOHANG))[0] and time.perf_counter() - t0 <= timeout:
                 time.sleep(0.1)
             if done[0]:
@@ -116,49 +93,44 @@ class Check:
             else:
                 os.killpg(pid, signal.SIGKILL)
                 done, rc = os.wait4(pid, 0), f"killed after {timeout:.0f} s (time limit)"
-        usage = done[2]
         return {
             "command": shlex.join(argv),
             "returncode": rc,
             "seconds": round(time.perf_counter() - t0, 1),
-            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+            "cpu_seconds": round(done[2].ru_utime + done[2].ru_stime, 1),  # its children's included
             "stdout_tail": out_path.read_text(errors="replace")[-2000:],
             "stderr_tail": err_path.read_text(errors="replace")[-3000:],
             "logs": [out_path.name, err_path.name],
         }
 
     def overlay(self, name: str, **probe_args) -> str:
-        """A config overlay that appends gpu_check_probes.Probe to the default config's callbacks."""
-        path = self.out / f"{name}.yaml"
-        init = json.dumps({"out": str(self.out.resolve()), "name": name, **probe_args})
+        """A config overlay that appends gpu_check_probes.Probe to the callbacks."""
+        path, init = self.out / f"{name}.yaml", json.dumps({"out": str(self.out), "name": name, **probe_args})
         path.write_text(
-            f"trainer:\n  callbacks+:\n    - class_path: gpu_check_probes.Probe\n      init_args: {init}\n"
+            f"trainer:\n  callbacks+:\n  - class_path: gpu_check_probes.Probe\n    init_args: {init}\n"
         )
         return str(path)
 
     def sizes(self, epochs: int) -> list[str]:
         """The dry-run's tiny sizes; on the GPU the whole digits set (~20 steps an epoch)."""
-        limits = [
-            a
-            for split, n in (("train", 6), ("val", 2), ("test", 2))
-            for a in (f"--trainer.limit_{split}_batches", str(n))
-        ]
+        if not self.dry_run:
+            return ["--trainer.max_epochs", str(epochs)]
         return (
-            ["--trainer.max_epochs", "1", *limits] if self.dry_run else ["--trainer.max_epochs", str(epochs)]
-        )
+            "--trainer.max_epochs=1 --trainer.limit_train_batches=6 --trainer.limit_val_batches=2 "
+            "--trainer.limit_test_batches=2"
+        ).split()
 
 
 def fork(argv: list[str], env: dict, out, err, lock: threading.Lock) -> int:
-    """A stage's `python -m ...` or `python script.py ...` as a fork of this process in a session of its own (the
-    dry-run's stand-in for a new interpreter, without importing torch and lightning again); the code it runs is the
-    same. Check.run waits for it, kills its group and reads its logs as it does a subprocess's."""
+    """The dry-run's stand-in for a new interpreter: `python -m X ...` or `python script.py ...` run in a fork of
+    this process (torch and lightning already imported), in a session of its own; Check.run waits for it."""
     with lock:  # one fork at a time, from a thread that holds no lock a child could need
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
     if pid:
         return pid
-    code = 1  # the child never returns into the check, whatever happens
+    code = 1  # the child never returns into the check
     try:
         os.setsid()
         os.dup2(out.fileno(), 1)
@@ -175,7 +147,7 @@ def fork(argv: list[str], env: dict, out, err, lock: threading.Lock) -> int:
             runpy.run_path(argv[1], run_name="__main__")
         code = 0
     except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     except BaseException:  # noqa: BLE001 (on the stage's stderr, as a new interpreter would print it)
         traceback.print_exc()
     finally:
@@ -188,9 +160,8 @@ def fork(argv: list[str], env: dict, out, err, lock: threading.Lock) -> int:
 
 
 def fork_ready(check: Check) -> None:
-    """The dry-run on a machine without CUDA: import what every stage imports once here, so that the stages can be
-    forks of this process. Not on the GPU machine (CUDA must not be initialised before a fork), and not where torch
-    runs more than one intra-op thread (OpenMP's pool does not survive a fork)."""
+    """Stages as forks only in the dry-run without CUDA (which must not be initialised before a fork) and on one
+    intra-op thread (OpenMP's pool does not survive a fork)."""
     import torch
 
     if check.dry_run and not torch.cuda.is_available() and torch.get_num_threads() == 1:
@@ -230,16 +201,12 @@ def environment(check: Check) -> bool:
         try:
             where = info["packages"][module] = str(Path(importlib.import_module(module).__file__).parent)
         except ImportError as err:
-            problems.append(
-                f"{module} does not import ({err}): run scripts/gpu_check.sh --prepare where a registry is reachable"
-            )
+            problems.append(f"{module} does not import ({err}): run scripts/gpu_check.sh --prepare")
             continue
         if site and not where.startswith(site):
             problems.append(f"{module} imports from {where}, not from the installed wheels in {site}")
     if _version(torch.__version__) < FLOOR:
-        problems.append(
-            f"torch {torch.__version__} is older than {'.'.join(map(str, FLOOR))}, the project's floor"
-        )
+        problems.append(f"torch {torch.__version__} is older than the project's floor {FLOOR}")
     if not check.dry_run and not cuda:
         problems.append("no CUDA device visible to torch: on a machine without a GPU use --dry-run")
     if info["packages"]["lightning"] is None:
@@ -250,35 +217,33 @@ def environment(check: Check) -> bool:
     return not problems
 
 
+def exit_code(r: dict, expected: int = 0) -> list[str]:
+    return [] if r["returncode"] == expected else [f"exit code {r['returncode']}, expected {expected}"]
+
+
 def doctor(check: Check) -> None:
     r = check.run("doctor", [sys.executable, "-m", "project", "doctor"])
-    r["checks"] = [
-        x for x in (r["stdout_tail"] + r["stderr_tail"]).splitlines() if x.startswith(("ok:", "problem:"))
-    ]
-    bad = [x for x in r["checks"] if x.startswith("problem:")] or [f"exit code {r['returncode']}"]
-    check.record("doctor", r, [] if r["returncode"] == 0 else bad)
+    lines = (r["stdout_tail"] + r["stderr_tail"]).splitlines()
+    r["checks"] = [x for x in lines if x.startswith(("ok:", "problem:"))]
+    problems = [x for x in r["checks"] if x.startswith("problem:")] or exit_code(r)
+    check.record("doctor", r, problems if exit_code(r) else [])
 
 
 def fit(check: Check) -> None:
-    # On the GPU the fit's second epoch (the first has cuDNN's autotuning); in the dry-run's one epoch, batches 2-4.
-    window = {
-        "window_epoch": 0 if check.dry_run else 1,
-        "window_start": 2,
-        "window_steps": 3 if check.dry_run else 12,
-    }
+    # The window: on the GPU the second epoch (the first autotunes cuDNN); in the dry-run's one epoch, batches 2-4.
+    window = dict(
+        window_epoch=int(not check.dry_run), window_start=2, window_steps=3 if check.dry_run else 12
+    )
     run_dir = check.out / "stage_runs" / "fit"
-    r = check.run(
-        "fit",
-        [*FIT, "--config", check.overlay("fit_probe", **window), *check.sizes(3), "--run_dir", str(run_dir)],
-    )
+    overlay = check.overlay("fit_probe", **window)
+    r = check.run("fit", [*FIT, "--config", overlay, *check.sizes(3), "--run_dir", str(run_dir)])
     r["probe"] = probe = check.read("fit_probe")
-    r["run_summary"] = (
-        json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else None
-    )
+    summary = run_dir / "summary.json"
+    r["run_summary"] = json.loads(summary.read_text()) if summary.is_file() else None
     # project/cli.py auto_precision: bf16-mixed on a GPU with bf16, 16-mixed on an older one, 32-true on CPU.
-    bf16 = check.summary.get("bf16_supported")
-    expected = "32-true" if check.dry_run else "bf16-mixed" if bf16 else "16-mixed"
-    problems = [] if r["returncode"] == 0 else [f"exit code {r['returncode']}"]
+    expected = "bf16-mixed" if check.summary.get("bf16_supported") else "16-mixed"
+    expected = "32-true" if check.dry_run else expected
+    problems = exit_code(r)
     if probe.get("precision") != expected:
         problems.append(f"precision {probe.get('precision')}, expected {expected} (auto)")
     if not probe.get("batch_on_training_device"):
@@ -296,83 +261,53 @@ def fit(check: Check) -> None:
     elif sync.get("canary_caught") is False:
         problems = ["the canary .item() was not caught"]
     else:
-        outside = sync["syncs_outside_logging_steps"]
-        problems = (
-            []
-            if sync["passed"]
-            else [f"{outside} host sync(s) in steady-state steps (or an error): see sync_debug.json"]
-        )
-    check.record(
-        "sync_debug", {"seconds": sync.get("window", {}).get("seconds", 0)}, problems, "sync_debug.json"
-    )
+        n = sync["syncs_outside_logging_steps"]
+        problems = [] if sync["passed"] else [f"{n} host sync(s) in steady-state steps (or an error)"]
+    seconds = sync.get("window", {}).get("seconds", 0)
+    check.record("sync_debug", {"seconds": seconds}, problems, "sync_debug.json")
 
 
 def nondeterministic(check: Check) -> None:
-    base = [*FIT, "--model.init_args.model", "gpu_check_probes.AdaptivePoolNet", "--trainer.max_epochs", "1"]
-    base += [
-        "--trainer.limit_train_batches",
-        "3",
-        "--trainer.limit_val_batches",
-        "1",
-        "--test_after_fit",
-        "false",
-    ]
-    r = check.run(
-        "nondeterministic", [*base, "--run_dir", str(check.out / "stage_runs" / "nondeterministic")]
-    )
+    base = [*FIT, "--model.init_args.model", "gpu_check_probes.AdaptivePoolNet", "--trainer.max_epochs=1"]
+    base += ["--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1", "--test_after_fit=false"]
+    runs = check.out / "stage_runs"
+    r = check.run("nondeterministic", [*base, "--run_dir", str(runs / "nondeterministic")])
     err = r["stderr_tail"].strip()
     r["error_paragraph"] = paragraph = err.split("\n\n")[-1] if err else ""
-    problems = [] if r["returncode"] == 2 else [f"exit code {r['returncode']}, expected 2"]
+    problems = exit_code(r, 2)
     if "--trainer.deterministic warn" not in paragraph or not paragraph.startswith("error:"):
         problems.append("the last paragraph on stderr is not the error naming --trainer.deterministic warn")
     if "Traceback" in err:
         problems.append("a traceback instead of one paragraph")
-    # The same run with the flag the paragraph names must train. Not in the dry-run: on CPU the warn path is
-    # torch's Python helper, not the CUDA kernel's, and it costs one more start-up and fit.
+    # With the flag it names the run must train. GPU only: on CPU the warn path is torch's Python helper.
     r["with_deterministic_warn"] = "not run in the dry-run"
     left = CAPS["nondeterministic"] - r["seconds"]
     if not check.dry_run and left > 10:
-        argv = [
-            *base,
-            "--trainer.deterministic",
-            "warn",
-            "--run_dir",
-            str(check.out / "stage_runs" / "nondet_warn"),
-        ]
+        argv = [*base, "--trainer.deterministic=warn", "--run_dir", str(runs / "nondet_warn")]
         warn = check.run("nondeterministic", argv, log="nondeterministic_warn", timeout=left)
         r["with_deterministic_warn"] = {k: warn[k] for k in ("command", "returncode", "seconds", "logs")}
-        if warn["returncode"] != 0:
-            problems.append(f"with --trainer.deterministic warn: exit code {warn['returncode']}")
+        problems += [f"with --trainer.deterministic warn: {p}" for p in exit_code(warn)]
         r["seconds"] = round(r["seconds"] + warn["seconds"], 1)
     check.record("nondeterministic", r, problems)
 
 
 def ddp(check: Check) -> None:
-    argv = [
-        *FIT,
-        "--config",
-        "configs/ddp.yaml",
-        "--config",
-        check.overlay("ddp_probe"),
-        "--trainer.devices",
-        "1",
-    ]
-    argv += [*check.sizes(2), "--test_after_fit", "false", "--run_dir", str(check.out / "stage_runs" / "ddp")]
+    argv = [*FIT, "--config=configs/ddp.yaml", "--config", check.overlay("ddp_probe"), "--trainer.devices=1"]
+    argv += [*check.sizes(2), "--test_after_fit=false", "--run_dir", str(check.out / "stage_runs" / "ddp")]
     r = check.run("ddp", argv)
     r["probe"] = probe = check.read("ddp_probe")
+    got = (probe.get("strategy"), probe.get("process_group_backend"))
     expected = "gloo" if check.dry_run else "nccl"
-    problems = [] if r["returncode"] == 0 else [f"exit code {r['returncode']}"]
-    if (probe.get("strategy"), probe.get("process_group_backend")) != ("DDPStrategy", expected):
-        problems.append(
-            f"{probe.get('strategy')} on {probe.get('process_group_backend')}, expected DDPStrategy on {expected}"
-        )
+    problems = exit_code(r)
+    if got != ("DDPStrategy", expected):
+        problems.append(f"{got[0]} on {got[1]}, expected DDPStrategy on {expected}")
     check.record("ddp", r, problems)
 
 
 def bench(check: Check) -> None:
-    out = check.out / "bench_figures.json"  # bench.json: the stage's own record
-    argv = [sys.executable, "scripts/bench.py", "--smoke" if check.dry_run else "--quick", "--out", str(out)]
-    r = check.run("bench", argv)
+    out = check.out / "bench_figures.json"  # bench.json is the stage's own record
+    size = "--smoke" if check.dry_run else "--quick"
+    r = check.run("bench", [sys.executable, "scripts/bench.py", size, "--out", str(out)])
     r["bench"] = res = json.loads(out.read_text()) if out.is_file() and r["returncode"] == 0 else None
     if res:
         check.summary["bench"] = {
@@ -395,26 +330,25 @@ def stage(check: Check, name: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/gpu_check", help="where the JSON goes (default runs/gpu_check)")
+    ap.add_argument("--out", default="runs/gpu_check", help="where the JSON goes")
     ap.add_argument("--dry-run", action="store_true", help="on CPU, tiny sizes, the same stages")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole check's time limit")
-    ap.add_argument("--jobs", type=int, default=1, help="stages run at once (default 1)")
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="stages at once (1: the timings and memory are theirs)"
+    )
     args = ap.parse_args()
-    out = Path(args.out).absolute()  # the stages run from the checkout gpu_check.sh started in (its cwd)
+    out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
-    for stale in [*out.glob("*.json"), *out.glob("*.log"), *out.glob("*.yaml")]:  # not this check's results
+    for stale in [*out.glob("*.json"), *out.glob("*.log"), *out.glob("*.yaml")]:
         stale.unlink()
     shutil.rmtree(out / "stage_runs", ignore_errors=True)
     check = Check(out, args.dry_run, args.budget_s)
     if environment(check):
         fork_ready(check)
-        # One stage at a time by default (the bench's timing and the peak memory are the GPU's alone); the dry-run
-        # runs two at a time (each stage is mostly a process importing torch and lightning: one core each).
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for future in [pool.submit(stage, check, name) for name in STAGES]:
                 future.result()
-    verdict = "passed" if check.summary["passed"] else "FAILED"
-    print(f"[gpu_check] {verdict}: {out / 'summary.json'} ({check.summary['seconds']} s)")
+    print(f"[gpu_check] {'passed' if check.summary['passed'] else 'FAILED'}: {out / 'summary.json'}")
     sys.exit(0 if check.summary["passed"] else 1)
 
 

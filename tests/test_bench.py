@@ -23,7 +23,7 @@ KEYS = {
         "peak_rss_mb",
     ],
     "machine": ["device", "cpus", "precision", "torch", "lightning"],
-    "options": ["bf16_mixed", "accumulate_grad_batches_2", "torch_threads_1"],  # compile: not in the smoke
+    "options": ["bf16_mixed"],  # compile: not in the smoke
 }
 
 

@@ -201,7 +201,7 @@ def test_make_and_torchrun_sh_start_one_process_per_gpu_or_two_without(tmp_path)
         run_id = words[words.index("--rdzv_id") + 1]
         assert re.fullmatch(r"\d{8}-\d{6}", run_id), run_id
         assert one_node.stdout.startswith(
-            f"-m torch.distributed.run --nnodes 1 --nproc_per_node {procs} --node_rank 0 "
+            f"-m torch.distributed.run --nnodes 1 --nproc_per_node {procs} --max_restarts 3 "
         )
         assert f"--trainer.devices {procs} --trainer.num_nodes 1 --trainer.max_epochs 5" in one_node.stdout
 
@@ -213,7 +213,7 @@ def test_make_and_torchrun_sh_start_one_process_per_gpu_or_two_without(tmp_path)
         [*nodes, "--run_id", "exp1"], env=env, capture_output=True, text=True, timeout=QUICK_DEADLINE_S
     ).stdout
     assert second.startswith("-m torch.distributed.run --nnodes 2 --nproc_per_node 8")
-    assert "--node_rank 1 --master_addr 10.0.0.1" in second and "--rdzv_id exp1" in second
+    assert "--rdzv_endpoint 10.0.0.1:29500 --rdzv_id exp1 --rdzv_conf is_host=0" in second
     # devices x num_nodes = torchrun's world size
     assert "--trainer.devices 8 --trainer.num_nodes 2" in second
 

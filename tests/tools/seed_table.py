@@ -9,11 +9,10 @@ space-separated VAR=VALUE pairs; before its seeds run, a probe reports the kerne
     .venv/bin/python tests/tools/seed_table.py                        # this machine's default path and SSE4.1 + ATen default
     .venv/bin/python tests/tools/seed_table.py --path "avx2=ONEDNN_MAX_CPU_ISA=AVX2" --seeds 0 1 --json out.json
 
-Each seed is a whole `make train`, imports included (docs/accuracy.md gives a seed's time). Runs get
+Each seed is a whole `make train`, imports included; the table is in docs/performance.md. Runs get
 OMP_WAIT_POLICY=PASSIVE (--spin leaves it out): idle OpenMP threads sleep instead of spinning, which changes no
-arithmetic (same thread count, same split of the work, a bit-identical summary.json) but matters on shared cores,
-where spinning threads took the cores from the busy ones and a seed ran many times slower (seed 0: 750 s instead
-of 31 s on 2 cores with ~10 other busy processes).
+arithmetic (same thread count, same split of the work, a bit-identical summary.json) but on shared cores spinning
+threads took the cores from the busy ones.
 """
 
 import argparse

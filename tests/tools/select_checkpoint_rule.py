@@ -10,7 +10,7 @@ picks one epoch from the validation numbers alone and is scored by the held-out 
     OMP_NUM_THREADS=1 .venv/bin/python tests/tools/select_checkpoint_rule.py --seeds 4 5 6 7 --json b.json
     .venv/bin/python tests/tools/select_checkpoint_rule.py --load a.json b.json   # the table over both, no training
 
-One thread per run (OMP_NUM_THREADS=1) was the setting measured (docs/accuracy.md gives the 40 runs' time).
+One thread per run (OMP_NUM_THREADS=1) was the setting measured; the table is in docs/performance.md.
 
 Runs are in-process (one torch/lightning import for all of them) through `project.cli.build_cli(run=False)`,
 with the default config as `make train` uses it; only the progress bar and the model summary are off (neither touches
