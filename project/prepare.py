@@ -1,9 +1,6 @@
-"""`python -m project prepare`: a data source as litdata chunks for StreamingDataModule (docs/data.md "Data that
-outgrows one machine"), in a local directory or at an s3:// URL (credentials from the AWS_* variables).
-
-The splits, pixels and statistics are the image module's: it is set up here and its datasets are what
-`litdata.optimize` writes, each image once at the training size as uint8 (C, H, W). prepare.json (project/data/
-chunks.py) holds what training, predict and export need besides the pixels, and the settings it was written with.
+"""`python -m project prepare`: a data source as litdata chunks for StreamingDataModule, in a local directory or
+at an s3:// URL. The splits, pixels and statistics are the image module's: its datasets are what `litdata.optimize`
+writes, each image once at the training size as uint8; prepare.json (chunks.py) holds the rest.
 """
 
 import math
@@ -35,7 +32,7 @@ SETTINGS = ("source", "root", "image_size", "val_fraction", "test_fraction", "sp
 
 
 class StoredSample:
-    """litdata.optimize's function: sample i of a split as stored, uint8 pixels (float ones rounded) and label."""
+    """litdata.optimize's function: sample i of a split as stored, uint8 pixels and label."""
 
     def __init__(self, dataset) -> None:
         self.dataset = dataset
@@ -73,11 +70,8 @@ def prepare(
         split_seed: seed of the stratified splits (the image module's data.split_seed).
         num_workers: writer processes; unset = the CPUs this process may use.
         chunk_bytes: largest size of one chunk file (litdata), e.g. 64MB.
-        min_chunks: write each split as at least this many chunk files (smaller ones when the split is small):
-            litdata shuffles and shards the training split chunk by chunk.
+        min_chunks: write each split as at least this many chunk files: litdata shuffles and shards by chunk.
         overwrite: replace output written with other settings or by something else.
-
-    Returns prepare.json's content.
     """
     os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # else litdata asks PyPI at each optimize()
     for name, fraction in (("val", val_fraction), ("test", test_fraction)):
@@ -121,6 +115,8 @@ def prepare(
     meta = dict(**settings, complete=False, splits=counts, class_names=image.class_names)
     meta["input_shape"] = list(image.input_shape)
     write_json(meta_path, meta)  # the settings first: a re-run after an interruption compares against them
+    if is_remote(output_dir):
+        allow_plain_http()
 
     import litdata
     from litdata.utilities.format import _convert_bytes_to_int
@@ -129,16 +125,10 @@ def prepare(
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     )
     # litdata stages chunks for upload under $TMPDIR/chunks and empties that folder when it starts: two prepares
-    # at once (a test suite's workers) would delete each other's chunks. A folder of our own.
+    # at once would delete each other's chunks. A folder of our own.
     staging = tempfile.TemporaryDirectory(prefix="prepare-")
     folders = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
-    private = (
-        {var: os.environ.get(var, f"{staging.name}/{var}") for var in folders}
-        if is_remote(output_dir)
-        else {}
-    )
-    if private:
-        allow_plain_http()
+    private = {v: os.environ.get(v, f"{staging.name}/{v}") for v in folders} if is_remote(output_dir) else {}
     with staging, mock.patch.dict(os.environ, private):
         for split in SPLITS:
             split_dir, n = join(output_dir, split), counts[split]

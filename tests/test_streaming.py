@@ -281,7 +281,7 @@ def test_prepare_rerun(tmp_path, local, capsys):
         "train: complete (72 samples), kept." in err and train_index.stat().st_mtime_ns == before[train_index]
     )
     assert stored(out, "val") == stored(done, "val")
-    assert StreamingDataModule(str(out)).split_sizes == EXPECTED
+    assert StreamingDataModule(str(out)).meta["splits"] == EXPECTED
 
     with pytest.raises(ConfigError, match=r"other settings \(image_size: 64 -> 32\).*--overwrite true"):
         prepare_local(pets, out, "--image_size", "32")

@@ -1,13 +1,12 @@
 """What every data module shares; they differ only in where their samples come from.
 
 Image batches arrive as pixels at the training size (uint8, or float in [0, 1]) from every path and are augmented
-(training only) and normalised here, a whole batch at a time on the training device, by the same two functions.
+(training only) and normalised here, a whole batch at a time on the training device.
 """
 
 import lightning as L
-import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from project.data.augment import augment_training_batch
 from project.data.normalize import Normalize
@@ -29,9 +28,8 @@ class ClassificationData(L.LightningDataModule):
         return len(self.class_names)
 
     def prepare_data(self) -> None:
-        # Bad data fails before anything is written: Lightning creates the loggers' files in the run directory
-        # between prepare_data and setup, so the data is loaded and checked here, on the first process of each
-        # node; setup() keeps what it loaded, and the other processes load theirs in setup().
+        # Bad data fails before anything is written: Lightning creates the loggers' files between prepare_data and
+        # setup, so the first process of each node loads and checks the data here (setup() keeps it).
         fn = self.trainer.state.fn if self.trainer is not None else None
         self.setup(fn.value if fn is not None else None)
 
@@ -61,6 +59,18 @@ class ClassificationData(L.LightningDataModule):
     def world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
 
+    def loader(self, split: str) -> DataLoader:
+        raise NotImplementedError
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test")
+
     def describe_data(self) -> str:
         """How errors name this module's data."""
         return "the data"
@@ -81,7 +91,7 @@ class ImageData(ClassificationData):
 
     labels_checked = True  # every label is checked to be in [0, num_classes) before training
     input_shape: tuple[int, int, int]  # (C, H, W) at the training size
-    mean: list[float] | None = None  # the training split's per-channel statistics (stats.py)
+    mean: list[float] | None = None  # the training split's per-channel statistics (normalize.py)
     std: list[float] | None = None
     recipe: str = "none"  # the training augmentation (augment.py)
     _normalize: Normalize | None = None
@@ -102,15 +112,6 @@ class ImageData(ClassificationData):
         if self._normalize is None:
             self._normalize = Normalize(self.mean, self.std)
         return self._normalize(x), y.long()
-
-    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
-        # The in-memory path's batches are on the training device already: skip Lightning's walk over the batch.
-        # (Here, not in the LightningModule: Lightning warns when a module overrides it next to a data module.)
-        if isinstance(batch, (tuple, list)) and all(
-            isinstance(t, torch.Tensor) and t.device == device for t in batch
-        ):
-            return batch
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def state_dict(self) -> dict:
         # What predict and export need to know: the classes and the preprocessing.

@@ -1,7 +1,7 @@
 """ImageClassificationDataModule: the embedded digits, an ImageFolder, or torchvision's dataset files.
 
-It decides only where the samples come from and where they are held (the host, or the training device); splits,
-statistics, resizing, augmentation, normalisation and loaders are the functions every path shares.
+It decides only where the samples come from and where they are held (files read by loader workers, or tensors);
+splits, statistics, resizing, augmentation, normalisation and loaders are the functions every path shares.
 """
 
 import functools
@@ -40,9 +40,9 @@ class ImageClassificationDataModule(ImageData):
         augment: the training augmentation (augment.py): `affine`, `crop_flip`, `resized_crop`, `none`; unset:
             the source's.
         image_size: resize images to this square size; None keeps the native size (ImageFolder: the first image's).
-        pin_memory: pin host memory for faster copies to the GPU; None means "when CUDA is available".
-        in_memory: hold each split as one tensor on the training device (the same batches). None: for tensor
-            sources whose splits take under a quarter of the free memory; true for ImageFolder decodes every image.
+        pin_memory: pin host memory for faster copies to the GPU; None: when CUDA is available.
+        in_memory: digits and torchvision sources: hold each split as one tensor on the training device; false:
+            a DataLoader over host tensors (the same batches). ImageFolder files are always read by a DataLoader.
     """
 
     def __init__(
@@ -58,7 +58,7 @@ class ImageClassificationDataModule(ImageData):
         augment: Recipe | None = None,
         image_size: int | None = None,
         pin_memory: bool | None = None,
-        in_memory: bool | None = None,
+        in_memory: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -74,8 +74,9 @@ class ImageClassificationDataModule(ImageData):
             self.class_names = torchvision_datasets.classes_of(source)
             c, h, w = torchvision_datasets.DATASETS[source][1]
         self.input_shape = (c, image_size, image_size) if image_size else (c, h, w)
-        # split -> (pixels at the training size, labels): tensor sources, and an ImageFolder held in memory
-        self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tensors: dict[
+            str, tuple[torch.Tensor, torch.Tensor]
+        ] = {}  # split -> (pixels, labels): tensor sources
 
     def describe_data(self) -> str:
         return f"the {self.hparams.source} data"
@@ -108,9 +109,7 @@ class ImageClassificationDataModule(ImageData):
         hp = self.hparams
         given = {name for name in ("val", "test") if os.path.isdir(os.path.join(hp.root, name))}
         fractions = self.fractions(given)
-        pixels = functools.partial(
-            image_folder.load_image_at, size=self.size
-        )  # a file as every path serves it
+        pixels = functools.partial(image_folder.load_image_at, size=self.size)
 
         def carved(train_files: list[tuple[str, int]]) -> dict[str, list[int]]:
             return carve([y for _, y in train_files], len(train_files), fractions, hp.split_seed)
@@ -133,44 +132,18 @@ class ImageClassificationDataModule(ImageData):
         self.train_set, self.val_set, self.test_set = (
             image_folder.ImageFiles(files[name], pixels) for name in SPLITS
         )
-        if hp.in_memory:  # decoded once, here: the in-memory path serves the same pixels as the files
-            self.tensors = {
-                name: (torch.stack([pixels(path) for path, _ in files[name]]), torch.tensor(ds.targets))
-                for name, ds in zip(SPLITS, (self.train_set, self.val_set, self.test_set))
-            }
 
-    def use_in_memory(self) -> bool:
-        if self.hparams.in_memory is not None or not self.tensors:
-            return bool(self.hparams.in_memory)
-        need = sum(x.numel() * x.element_size() for x, _ in self.tensors.values())
-        device = self._device()
-        if device.type == "cuda":
-            free = torch.cuda.mem_get_info(device)[0]
-        else:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
-        return need < free / 4
-
-    def _device(self) -> torch.device:
-        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-
-    def _loader(self, split: str) -> DataLoader:
+    def loader(self, split: str) -> DataLoader:
         hp, trainer = self.hparams, self.trainer
-        if self.use_in_memory():  # on the device: no workers, nothing to pin
+        if self.tensors and hp.in_memory:  # on the device: no workers, nothing to pin
             # Lightning's hint to add workers does not apply: they would only carry the batches
             warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
-            dataset = TensorImages(*(t.to(self._device()) for t in self.tensors[split]))
+            device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+            dataset = TensorImages(*(t.to(device) for t in self.tensors[split]))
             args = loader_args(trainer, hp.batch_size, 0, False, False, batched)
         else:
-            dataset, files = getattr(self, f"{split}_set"), hp.source == "imagefolder"
-            collate = None if files else batched
-            args = loader_args(trainer, hp.batch_size, hp.num_workers, hp.pin_memory, files, collate)
+            dataset, files = getattr(self, f"{split}_set"), not self.tensors
+            args = loader_args(
+                trainer, hp.batch_size, hp.num_workers, hp.pin_memory, files, None if files else batched
+            )
         return (train_loader if split == "train" else eval_loader)(dataset, trainer, args)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")

@@ -1,9 +1,5 @@
 """DatasetDataModule: any map-style torch Dataset (and its collate_fn), named by class_path in the config.
-
-For data that is not images in folders. Batches are (inputs, y) as the collate_fn makes them; what only images
-have (statistics, channels_last, predict and export) degrades with a message. Splits and loaders are the image
-module's.
-"""
+Batches are (inputs, y) as the collate_fn makes them; splits and loaders are the image module's."""
 
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.data.base import ClassificationData
-from project.data.loaders import ResumableDataLoader, eval_loader, loader_args, train_loader
+from project.data.loaders import eval_loader, loader_args, train_loader
 from project.data.splits import carve
 from project.data.validate import check_labels
 from project.errors import ConfigError
@@ -32,7 +28,7 @@ class DatasetDataModule(ClassificationData):
         num_classes: None reads the train dataset's `classes` (names) or `num_classes`.
         batch_size: samples per batch *per device*; the global batch is batch_size x devices x nodes.
         num_workers: loader worker processes per device; None picks one from the CPU and process count.
-        pin_memory: pin host memory for faster copies to the GPU; None means "when CUDA is available".
+        pin_memory: pin host memory for faster copies to the GPU; None: when CUDA is available.
         val_fraction: share of the non-test data held out for validation when `val` is None.
         test_fraction: share of all data held out for test when `test` is None.
         split_seed: seed of the carved splits, independent of the training seed.
@@ -56,14 +52,12 @@ class DatasetDataModule(ClassificationData):
         split_seed: int = 0,
     ) -> None:
         super().__init__()
-        # With LightningCLI the config is saved (the datasets as class_path + init_args); outside it, pickling the
-        # datasets themselves into every checkpoint would make it unloadable with weights_only=True.
+        # Outside LightningCLI (which saves class_path + init_args), pickled datasets would need weights_only=False
         self.save_hyperparameters(ignore=None if built_by_cli() else ["train", "val", "test", "collate_fn"])
         self.datasets = {"train": train, "val": val, "test": test}
         self.collate_fn = collate_fn
         self.class_names = _class_names(train, num_classes)
-        # The count found, not None: Lightning refuses a module and a data module whose hparams share a key
-        # (num_classes) with different values, and the checkpoint rebuilds the same data module either way.
+        # The count found, not None: Lightning refuses a module and a data module whose hparams differ on a key
         self.save_hyperparameters({**self.hparams, "num_classes": len(self.class_names)})
         shape = _attribute(train, "input_shape")
         self.input_shape = tuple(shape) if shape is not None else None
@@ -87,18 +81,12 @@ class DatasetDataModule(ClassificationData):
             checked.append(targets is not None)
         self.labels_checked = all(checked)
 
-    def _args(self) -> dict[str, Any]:
+    def loader(self, split: str) -> DataLoader:
         hp = self.hparams
-        return loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, True, self.collate_fn)
-
-    def train_dataloader(self) -> ResumableDataLoader:
-        return train_loader(self.train_set, self.trainer, self._args())
-
-    def val_dataloader(self) -> DataLoader:
-        return eval_loader(self.val_set, self.trainer, self._args())
-
-    def test_dataloader(self) -> DataLoader:
-        return eval_loader(self.test_set, self.trainer, self._args())
+        args = loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, True, self.collate_fn)
+        return (train_loader if split == "train" else eval_loader)(
+            getattr(self, f"{split}_set"), self.trainer, args
+        )
 
     def describe_data(self) -> str:
         return f"the dataset {_qualified_name(self.datasets['train'])}"
@@ -118,8 +106,7 @@ def _attribute(dataset: Dataset, name: str):
 
 
 def _refuse_pil_images(sample: Any, dataset: Dataset, name: str) -> None:
-    """A PIL image (a torchvision dataset without a transform) would fail in torch's default collate in the first
-    batch, with a traceback: stop before training with the fix."""
+    """A PIL image (a torchvision dataset without a transform) would fail in the first batch's collate."""
     sample = list(sample.values()) if isinstance(sample, dict) else sample
     parts = sample if isinstance(sample, tuple | list) else [sample]
     if any(type(part).__module__.startswith("PIL.") for part in parts):
