@@ -60,7 +60,7 @@ class ClassificationData(L.LightningDataModule):
         return self.trainer.world_size if self.trainer is not None else 1
 
     def loader(self, split: str) -> DataLoader:
-        raise NotImplementedError
+        raise NotImplementedError  # the three loader hooks below call it
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train")
@@ -105,19 +105,13 @@ class ImageData(ClassificationData):
         trainer = self.trainer
         if self.recipe != "none" and trainer is not None and trainer.training:
             # A function of (seed, epoch, batch index in the epoch, rank) only: the same after a resume.
-            b = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-            x = augment_training_batch(
-                x, self.recipe, run_seed(), trainer.current_epoch, b, trainer.global_rank
-            )
+            b, epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.current_epoch
+            x = augment_training_batch(x, self.recipe, run_seed(), epoch, b, trainer.global_rank)
         if self._normalize is None:
             self._normalize = Normalize(self.mean, self.std)
         return self._normalize(x), y.long()
 
     def state_dict(self) -> dict:
         # What predict and export need to know: the classes and the preprocessing.
-        return {
-            "class_names": self.class_names,
-            "mean": self.mean,
-            "std": self.std,
-            "input_shape": list(self.input_shape),
-        }
+        shape = list(self.input_shape)
+        return super().state_dict() | {"mean": self.mean, "std": self.std, "input_shape": shape}

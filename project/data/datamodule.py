@@ -74,9 +74,7 @@ class ImageClassificationDataModule(ImageData):
             self.class_names = torchvision_datasets.classes_of(source)
             c, h, w = torchvision_datasets.DATASETS[source][1]
         self.input_shape = (c, image_size, image_size) if image_size else (c, h, w)
-        self.tensors: dict[
-            str, tuple[torch.Tensor, torch.Tensor]
-        ] = {}  # split -> (pixels, labels): tensor sources
+        self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # split -> (pixels, labels)
 
     def describe_data(self) -> str:
         return f"the {self.hparams.source} data"
@@ -89,12 +87,8 @@ class ImageClassificationDataModule(ImageData):
         if self.hparams.source == "imagefolder":
             return self._load_image_folder()
         hp = self.hparams
-        if hp.source == "digits":
-            images, labels = digits.load_digits_tensors()
-            given = {}
-        else:
-            images, labels = torchvision_datasets.load_split(hp.source, hp.root, True, hp.download)
-            given = {"test": torchvision_datasets.load_split(hp.source, hp.root, False, hp.download)}
+        images, labels = digits.load_digits_tensors() if hp.source == "digits" else self._torchvision(True)
+        given = {} if hp.source == "digits" else {"test": self._torchvision(False)}
         for name, (_, y) in {"training": (images, labels), **given}.items():  # fail here, not at a bad batch
             check_labels(y, self.num_classes, f"The {hp.source} {name} data")
         parts = carve(labels, len(labels), self.fractions(set(given)), hp.split_seed)
@@ -104,6 +98,10 @@ class ImageClassificationDataModule(ImageData):
         self.tensors = {name: pools[name] for name in SPLITS}
         self.mean, self.std = tensor_stats(self.tensors["train"][0])  # the training split only
         self.train_set, self.val_set, self.test_set = (TensorImages(*self.tensors[n]) for n in SPLITS)
+
+    def _torchvision(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        hp = self.hparams
+        return torchvision_datasets.load_split(hp.source, hp.root, train, hp.download)
 
     def _load_image_folder(self) -> None:
         hp = self.hparams

@@ -14,7 +14,6 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from project.data.validate import check_batch_size
 from project.rng import mix_seed, run_seed
 
 if TYPE_CHECKING:
@@ -58,9 +57,8 @@ class EpochShard(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         skip, self.skip = self.skip, 0
         start = self.rank * self.num_samples
-        order = torch.randperm(
-            len(self.dataset), generator=torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
-        )
+        g = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+        order = torch.randperm(len(self.dataset), generator=g)
         return iter(order[start + skip : start + self.num_samples].tolist())
 
 
@@ -96,18 +94,13 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        return {
-            "epoch": getattr(self.sampler, "epoch", 0),
-            "position": self.position,
-            "seed": self.seed,
-            "world_size": getattr(self.sampler, "num_replicas", 1),
-            "batch_size": self.batch_size,
-        }
+        state = dict(epoch=getattr(self.sampler, "epoch", 0), position=self.position, seed=self.seed)
+        return state | dict(world_size=getattr(self.sampler, "num_replicas", 1), batch_size=self.batch_size)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         saved, now = (
             (state["world_size"], state["batch_size"]),
-            (getattr(self.sampler, "num_replicas", 1), self.batch_size),
+            (self.state_dict()["world_size"], self.batch_size),
         )
         if saved != now:  # the epoch would be sliced or batched differently
             raise ValueError(
@@ -148,7 +141,6 @@ def loader_args(
 def train_loader(dataset: Dataset, trainer: "L.Trainer | None", args: dict[str, Any]) -> ResumableDataLoader:
     """Shuffled, drop_last (equal-size steps keep BatchNorm stable and the DDP ranks in lockstep), resumable."""
     rank, size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-    check_batch_size(len(dataset), size, args["batch_size"])
     sampler = EpochShard(len(dataset), run_seed(), rank, size)
     return ResumableDataLoader(dataset, seed=run_seed(), sampler=sampler, **args)
 

@@ -11,18 +11,9 @@ import warnings
 from lightning.pytorch.utilities import rank_zero_warn
 from litdata import StreamingDataLoader, StreamingDataset
 
+from project.data import chunks
 from project.data.augment import Recipe, recipe_for
 from project.data.base import ImageData
-from project.data.chunks import (
-    MIN_CHUNKS,
-    SPLITS,
-    allow_plain_http,
-    check_split,
-    is_remote,
-    join,
-    read_metadata,
-    rewrite_hint,
-)
 from project.data.loaders import loader_args
 from project.data.validate import check_batch_size
 from project.errors import ConfigError
@@ -107,8 +98,8 @@ class StreamingDataModule(ImageData):
         # litdata gives each worker its own samples (no inaccurate __len__); collate copies the read-only views
         warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
         warnings.filterwarnings("ignore", message=r"The given buffer is not writable")
-        self.input_dir = input_dir if is_remote(input_dir) else os.path.abspath(input_dir)
-        self.meta = meta = read_metadata(self.input_dir, storage_options)
+        self.input_dir = input_dir if chunks.is_remote(input_dir) else os.path.abspath(input_dir)
+        self.meta = meta = chunks.read_metadata(self.input_dir, storage_options)
         self.class_names, self.input_shape = list(meta["class_names"]), tuple(meta["input_shape"])
         if image_size is not None and self.input_shape[1:] != (image_size, image_size):
             raise ConfigError(
@@ -123,27 +114,24 @@ class StreamingDataModule(ImageData):
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit"):
             check_batch_size(self.meta["splits"]["train"], self.world_size(), self.hparams.batch_size)
-        splits = {None: SPLITS, "fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(
-            stage, ()
-        )
+        stages = {None: chunks.SPLITS, "fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
         # a deleted, truncated or overwritten file is named here, before the run starts, not by a loader worker
-        for split in [s for s in splits if s not in self._checked]:
-            chunks = check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
+        for split in [s for s in stages.get(stage, ()) if s not in self._checked]:
+            count = chunks.check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
             self._checked.add(split)
-            if split == "train" and chunks < min(MIN_CHUNKS, self.meta["splits"]["train"]):
+            if split == "train" and count < min(least := chunks.MIN_CHUNKS, self.meta["splits"]["train"]):
                 rank_zero_warn(
-                    f"'{join(self.input_dir, split)}' is stored as {chunks} chunk files, fewer than {MIN_CHUNKS}: "
-                    "litdata shuffles and shards it chunk by chunk, so every epoch each process reads nearly the "
-                    "same share and the same samples are left out. Write it again with the default chunks: "
-                    f"{rewrite_hint(self.meta, self.input_dir)}."
+                    f"'{self.input_dir}/{split}' is stored as {count} chunk files, fewer than {least}: litdata "
+                    "shuffles and shards it chunk by chunk, so every epoch each process reads nearly the same share "
+                    f"and the same samples are left out. Write it again: {chunks.rewrite_hint(self.meta, self.input_dir)}."
                 )
 
     def loader(self, split: str) -> EpochLoader:
         hp, train = self.hparams, split == "train"
-        if is_remote(self.input_dir):
-            allow_plain_http(hp.storage_options)
+        if chunks.is_remote(self.input_dir):
+            chunks.allow_plain_http(hp.storage_options)
         dataset = StreamingDataset(
-            join(self.input_dir, split),
+            chunks.join(self.input_dir, split),
             shuffle=train and hp.shuffle,
             drop_last=train,  # off for evaluation (litdata turns it on under DDP): every sample counted once
             seed=run_seed() % 2**32,  # the same on every rank: the shards are disjoint
@@ -157,7 +145,7 @@ class StreamingDataModule(ImageData):
         # a resume had just restored (dropout masks).
         args = loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, reads_files=True)
         epoch = (lambda: self.trainer.current_epoch) if train and self.trainer is not None else None
-        fix = f"Write the dataset again: {rewrite_hint(self.meta, self.input_dir)}."
+        fix = f"Write the dataset again: {chunks.rewrite_hint(self.meta, self.input_dir)}."
         return EpochLoader(dataset, epoch, fix, drop_last=train, **args)
 
     def describe_data(self) -> str:

@@ -185,3 +185,19 @@ def test_lightning_saves_the_loader_state_in_the_checkpoint(tmp_path):
     trainer.fit(module, datamodule=dm)
     states = trainer.fit_loop.on_save_checkpoint()["combined_loader"]
     assert states[0]["epoch"] == 0 and states[0]["position"] == 3
+
+
+@pytest.mark.claim("ddp-shard-set-changes")
+def test_each_ranks_set_of_samples_changes_between_epochs():
+    """Not only the order: a rank that read the same samples every epoch (a fixed shard, shuffled inside) would
+    never see the other ranks' samples."""
+    shards = [EpochShard(100, seed=4, rank=r, world_size=2) for r in (0, 1)]
+    seen = []
+    for epoch in range(3):
+        for s in shards:
+            s.set_epoch(epoch)
+        sets = [set(s) for s in shards]
+        assert not sets[0] & sets[1] and len(sets[0]) == len(sets[1]) == 50
+        seen.append(sets[0])
+    assert seen[0] != seen[1] != seen[2] and seen[0] != seen[2]
+    assert len(seen[0] & seen[1]) < 40  # a new draw, not a few samples swapped
