@@ -13,18 +13,8 @@ from unittest import mock
 
 import torch
 
-from project.data.chunks import (
-    METADATA,
-    MIN_CHUNKS,
-    SPLITS,
-    allow_plain_http,
-    has_files,
-    index_samples,
-    is_remote,
-    join,
-    read_json,
-    write_json,
-)
+from project.data import chunks
+from project.data.chunks import SPLITS, index_samples, is_remote, join
 from project.errors import ConfigError
 
 # The settings that decide the contents: output prepared with other values is refused (or overwritten).
@@ -54,7 +44,7 @@ def prepare(
     split_seed: int = 0,
     num_workers: int | None = None,
     chunk_bytes: str = "64MB",
-    min_chunks: int = MIN_CHUNKS,
+    min_chunks: int = chunks.MIN_CHUNKS,
     overwrite: bool = False,
 ) -> dict:
     """Write a dataset as litdata chunks (train/val/test), resized to the training size, for StreamingDataModule.
@@ -68,7 +58,7 @@ def prepare(
         val_fraction: share of the non-test training data held out for validation when there is no val split.
         test_fraction: share of all data held out for test when there is no test split.
         split_seed: seed of the stratified splits (the image module's data.split_seed).
-        num_workers: writer processes; unset = the CPUs this process may use.
+        num_workers: writer processes; unset: the CPUs this process may use.
         chunk_bytes: largest size of one chunk file (litdata), e.g. 64MB.
         min_chunks: write each split as at least this many chunk files: litdata shuffles and shards by chunk.
         overwrite: replace output written with other settings or by something else.
@@ -85,10 +75,10 @@ def prepare(
     root = str(Path(root).resolve()) if root else None
     settings = dict(source=source, root=root, image_size=image_size, val_fraction=val_fraction)
     settings.update(test_fraction=test_fraction, split_seed=split_seed, storage="uint8")
-    meta_path, old = join(output_dir, METADATA), read_json(join(output_dir, METADATA))
-    if old is None and not overwrite and any(has_files(join(output_dir, s)) for s in SPLITS):
+    old = chunks.read_json(meta_path := join(output_dir, chunks.METADATA))
+    if old is None and not overwrite and any(chunks.has_files(join(output_dir, s)) for s in SPLITS):
         raise ConfigError(
-            f"'{output_dir}' already has splits but no {METADATA}: it was not written by `python -m project "
+            f"'{output_dir}' already has splits but no {chunks.METADATA}: it was not written by `python -m project "
             "prepare`. Choose another --output_dir, or pass --overwrite true to replace it."
         )
     changed = [f"{k}: {old.get(k)} -> {settings[k]}" for k in SETTINGS if old and old.get(k) != settings[k]]
@@ -114,16 +104,15 @@ def prepare(
     counts = {s: len(datasets[s]) for s in SPLITS}
     meta = dict(**settings, complete=False, splits=counts, class_names=image.class_names)
     meta["input_shape"] = list(image.input_shape)
-    write_json(meta_path, meta)  # the settings first: a re-run after an interruption compares against them
+    # the settings first: a re-run after an interruption compares against them
+    chunks.write_json(meta_path, meta)
     if is_remote(output_dir):
-        allow_plain_http()
+        chunks.allow_plain_http()
 
     import litdata
     from litdata.utilities.format import _convert_bytes_to_int
 
-    workers = num_workers or (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    )
+    workers = num_workers or len(os.sched_getaffinity(0))
     # litdata stages chunks for upload under $TMPDIR/chunks and empties that folder when it starts: two prepares
     # at once would delete each other's chunks. A folder of our own.
     staging = tempfile.TemporaryDirectory(prefix="prepare-")
@@ -153,7 +142,7 @@ def prepare(
             if index_samples(split_dir) != n:
                 raise RuntimeError(f"{split_dir}: litdata wrote {index_samples(split_dir)} samples, not {n}.")
     meta.update(complete=True, mean=image.mean, std=image.std)
-    write_json(meta_path, meta)
+    chunks.write_json(meta_path, meta)
     print(f"{output_dir}: prepared ({counts}), input shape {tuple(image.input_shape)}.", file=sys.stderr)
     return meta
 

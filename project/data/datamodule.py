@@ -33,7 +33,7 @@ class ImageClassificationDataModule(ImageData):
         root: data directory for every source but `digits`.
         download: let torchvision download its dataset into `root` when the files are absent (needs network).
         batch_size: samples per batch *per device*; the global batch is batch_size x devices x nodes.
-        num_workers: loader worker processes per device; None picks one from the CPU count and process count.
+        num_workers: loader worker processes per device; None picks one from the CPU and process count.
         val_fraction: share of the non-test data held out for validation when there is no val split.
         test_fraction: share of all data held out for test when there is no test split.
         split_seed: seed of the train/val/test split, independent of the training seed.

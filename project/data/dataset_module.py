@@ -23,8 +23,7 @@ class DatasetDataModule(ClassificationData):
             Without a collate_fn, (input, label) tensor pairs (a torchvision dataset needs its `transform`).
         val: the validation Dataset; None carves `val_fraction` of `train` out (stratified by its `targets`).
         test: the test Dataset; None carves `test_fraction` of `train` out, before val.
-        collate_fn: a list of samples -> one (inputs, labels) batch: an import path or a callable class's
-            `class_path`. None: torch's default.
+        collate_fn: samples -> one (inputs, labels) batch: an import path or a callable class's `class_path`.
         num_classes: None reads the train dataset's `classes` (names) or `num_classes`.
         batch_size: samples per batch *per device*; the global batch is batch_size x devices x nodes.
         num_workers: loader worker processes per device; None picks one from the CPU and process count.
@@ -54,8 +53,7 @@ class DatasetDataModule(ClassificationData):
         super().__init__()
         # Outside LightningCLI (which saves class_path + init_args), pickled datasets would need weights_only=False
         self.save_hyperparameters(ignore=None if built_by_cli() else ["train", "val", "test", "collate_fn"])
-        self.datasets = {"train": train, "val": val, "test": test}
-        self.collate_fn = collate_fn
+        self.datasets, self.collate_fn = {"train": train, "val": val, "test": test}, collate_fn
         self.class_names = _class_names(train, num_classes)
         # The count found, not None: Lightning refuses a module and a data module whose hparams differ on a key
         self.save_hyperparameters({**self.hparams, "num_classes": len(self.class_names)})
@@ -82,11 +80,9 @@ class DatasetDataModule(ClassificationData):
         self.labels_checked = all(checked)
 
     def loader(self, split: str) -> DataLoader:
-        hp = self.hparams
+        hp, dataset = self.hparams, getattr(self, f"{split}_set")
         args = loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, True, self.collate_fn)
-        return (train_loader if split == "train" else eval_loader)(
-            getattr(self, f"{split}_set"), self.trainer, args
-        )
+        return (train_loader if split == "train" else eval_loader)(dataset, self.trainer, args)
 
     def describe_data(self) -> str:
         return f"the dataset {_qualified_name(self.datasets['train'])}"
@@ -98,11 +94,9 @@ class DatasetDataModule(ClassificationData):
 
 def _attribute(dataset: Dataset, name: str):
     """dataset.<name>, looking through Subsets and other wrappers that keep the original as `.dataset`."""
-    while dataset is not None:
-        if hasattr(dataset, name):
-            return getattr(dataset, name)
+    while dataset is not None and not hasattr(dataset, name):
         dataset = getattr(dataset, "dataset", None)
-    return None
+    return getattr(dataset, name, None)
 
 
 def _refuse_pil_images(sample: Any, dataset: Dataset, name: str) -> None:
@@ -120,24 +114,21 @@ def _refuse_pil_images(sample: Any, dataset: Dataset, name: str) -> None:
 
 
 def _targets(dataset: Dataset) -> list[int] | None:
-    targets = _attribute(dataset, "targets")
-    if targets is None:
+    if (targets := _attribute(dataset, "targets")) is None:
         return None
     targets = torch.as_tensor(targets).tolist()
     return [targets[i] for i in dataset.indices] if isinstance(dataset, Subset) else targets
 
 
 def _class_names(dataset: Dataset, num_classes: int | None) -> list[str]:
-    classes, declared = _attribute(dataset, "classes"), _attribute(dataset, "num_classes")
-    if classes is not None:
+    if (classes := _attribute(dataset, "classes")) is not None:
         if num_classes is not None and num_classes != len(classes):
             raise ConfigError(
                 f"data.num_classes={num_classes}, but the train dataset {_qualified_name(dataset)} lists "
                 f"{len(classes)} classes. Leave --data.init_args.num_classes unset (the dataset's count is used)."
             )
         return [str(c) for c in classes]
-    count = num_classes if num_classes is not None else declared
-    if count is None:
+    if (count := num_classes if num_classes is not None else _attribute(dataset, "num_classes")) is None:
         raise ConfigError(
             f"How many classes does {_qualified_name(dataset)} have? It has no `classes` (class names) or "
             "`num_classes` attribute: set --data.init_args.num_classes N (data.init_args.num_classes in the "

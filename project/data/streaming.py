@@ -21,9 +21,7 @@ from project.rng import run_seed
 
 # Evaluation turns drop_last off under DDP, which litdata warns "may lead to training interruptions": it would in
 # training, where every step syncs; evaluation syncs once, at the epoch's end.
-logging.getLogger("litdata.streaming.dataset").addFilter(
-    lambda record: "`drop_last`" not in record.getMessage()
-)
+logging.getLogger("litdata.streaming.dataset").addFilter(lambda r: "`drop_last`" not in r.getMessage())
 
 
 class EpochLoader(StreamingDataLoader):
@@ -68,11 +66,11 @@ class StreamingDataModule(ImageData):
     Args:
         input_dir: what prepare wrote: a local directory or an object-store URL (s3://bucket/prefix).
         batch_size: samples per batch *per device*; the global batch is batch_size x devices x nodes.
-        num_workers: loader worker processes per device; None picks one from the CPU count and process count.
+        num_workers: loader worker processes per device; None picks one from the CPU and process count.
         augment: the training augmentation (augment.py); unset: the prepared source's.
         shuffle: shuffle the training split (a new order each epoch); False reads it in stored order.
         image_size: the size the data was prepared at (None accepts it); another size is an error.
-        pin_memory: pin host memory for faster copies to the GPU; None means "when CUDA is available".
+        pin_memory: pin host memory for faster copies to the GPU; None: when CUDA is available.
         cache_dir: where chunks of a remote input_dir are cached (litdata's default when None).
         max_cache_size: cache budget on disk, e.g. "50GB" (None: litdata's default).
         storage_options: passed to litdata (boto3's client arguments for s3://, e.g. endpoint_url); None uses
