@@ -28,10 +28,9 @@ def class_folders(folder: str | Path) -> list[str]:
 def describe(root: str) -> tuple[list[str], tuple[int, int]]:
     """Class names of root/train and the (H, W) of its first image; clear errors for a bad layout."""
     train = Path(root) / "train"
-    if not Path(root).is_dir():
-        raise ConfigError(f"data.root '{root}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
-    if not train.is_dir():
-        raise ConfigError(f"'{train}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
+    for path in (Path(root), train):
+        if not path.is_dir():
+            raise ConfigError(f"'{path}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
     classes = class_folders(train)
     if not classes:
         raise ConfigError(f"'{train}' has no class folders. Expected {LAYOUT}: one folder per class.")
@@ -49,9 +48,7 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
 def load_image(path: str | Path) -> Tensor:
     """An image file as a (3, H, W) uint8 RGB tensor: PIL's pixels, as ImageFolder's loader gives them."""
     try:
-        x = decode_image(
-            str(path), mode=ImageReadMode.RGB
-        )  # JPEG, PNG: straight into a tensor, faster than PIL
+        x = decode_image(str(path), mode=ImageReadMode.RGB)  # JPEG, PNG: into a tensor, faster than PIL
         if x.dtype == torch.uint8 and x.ndim == 3:  # else a 16-bit PNG or an animated GIF: PIL's way below
             return x
     except RuntimeError:  # a format torchvision does not decode (BMP, TIFF, ...)
