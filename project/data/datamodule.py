@@ -79,10 +79,6 @@ class ImageClassificationDataModule(ImageData):
     def describe_data(self) -> str:
         return f"the {self.hparams.source} data"
 
-    @property
-    def size(self) -> tuple[int, int]:
-        return tuple(self.input_shape[1:])
-
     def load(self) -> None:
         if self.hparams.source == "imagefolder":
             return self._load_image_folder()
@@ -92,9 +88,9 @@ class ImageClassificationDataModule(ImageData):
         for name, (_, y) in {"training": (images, labels), **given}.items():  # fail here, not at a bad batch
             check_labels(y, self.num_classes, f"The {hp.source} {name} data")
         parts = carve(labels, len(labels), self.fractions(set(given)), hp.split_seed)
-        images = resize(images, self.size)  # once, not per batch
+        images = resize(images, self.input_shape[1:])  # once, not per batch
         pools = {name: (images[idx], labels[idx]) for name, idx in parts.items()}
-        pools.update({name: (resize(x, self.size), y) for name, (x, y) in given.items()})
+        pools.update({name: (resize(x, self.input_shape[1:]), y) for name, (x, y) in given.items()})
         self.tensors = {name: pools[name] for name in SPLITS}
         self.mean, self.std = tensor_stats(self.tensors["train"][0])  # the training split only
         self.train_set, self.val_set, self.test_set = (TensorImages(*self.tensors[n]) for n in SPLITS)
@@ -107,7 +103,7 @@ class ImageClassificationDataModule(ImageData):
         hp = self.hparams
         given = {name for name in ("val", "test") if os.path.isdir(os.path.join(hp.root, name))}
         fractions = self.fractions(given)
-        pixels = functools.partial(image_folder.load_image_at, size=self.size)
+        pixels = functools.partial(image_folder.load_image_at, size=self.input_shape[1:])
 
         def carved(train_files: list[tuple[str, int]]) -> dict[str, list[int]]:
             return carve([y for _, y in train_files], len(train_files), fractions, hp.split_seed)
@@ -119,7 +115,7 @@ class ImageClassificationDataModule(ImageData):
             hp.root,
             self.class_names,
             stats=stats,
-            stats_key=f"train_stats v2 size={self.size} limit={STATS_LIMIT} carve={fractions} seed={hp.split_seed}",
+            stats_key=f"train_stats v2 size={self.input_shape[1:]} limit={STATS_LIMIT} carve={fractions} seed={hp.split_seed}",
         )
         for name, samples in index.samples.items():  # unreadable files fail before training, train first
             fail_unreadable(index.unreadable[name], len(samples), os.path.join(hp.root, name))

@@ -63,7 +63,7 @@ def load_image_at(path: str | Path, size: tuple[int, int] | None) -> Tensor:
 
 
 class ImageFiles(Dataset):
-    """samples[i] = (path, label) -> (loader(path), label): ImageFolder without its scan (the index made it)."""
+    """ImageFolder without its scan (the index made it): samples[i] = (path, label) -> (loader(path), label)."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], loader: Callable[[str], Any]) -> None:
         self.samples, self.loader = list(samples), loader

@@ -112,8 +112,7 @@ class ResumableDataLoader(DataLoader):
 
 
 def default_num_workers(reads_files: bool, local_processes: int = 1) -> int:
-    """0 for decoded tensors (a worker would only carry the batches); for files Lightning's suggestion, at most 8
-    (each worker holds a copy of the dataset and its prefetched batches)."""
+    """0 for tensors (a worker would only carry the batches); for files Lightning's suggestion, at most 8."""
     return min(8, suggested_max_num_workers(local_processes)) if reads_files else 0
 
 

@@ -25,13 +25,10 @@ logging.getLogger("litdata.streaming.dataset").addFilter(lambda r: "`drop_last`"
 
 
 class EpochLoader(StreamingDataLoader):
-    """litdata's StreamingDataLoader reading the order of the epoch the trainer trains.
-
-    Lightning restores a loader's state only from a checkpoint taken inside an epoch: resumed from an epoch's end,
-    litdata's own count of `iter()` calls would restart at the first epoch's order. And litdata 0.2.76 clears its
-    `restore` flag only when its generator runs to the end, which Lightning never lets it do: the epoch after a
-    mid-epoch resume would replay the restored state (with no loader worker: an empty epoch).
-    """
+    """litdata's StreamingDataLoader reading the order of the epoch the trainer trains: Lightning restores a
+    loader's state only from inside an epoch (from an epoch's end litdata's own epoch count would restart), and
+    litdata 0.2.76 clears its `restore` flag only when its generator runs to the end, which Lightning never lets
+    it do (the epoch after a mid-epoch resume would replay the restored state)."""
 
     def __init__(self, dataset: StreamingDataset, epoch, fix: str, **kwargs) -> None:
         super().__init__(dataset, **kwargs)
