@@ -103,7 +103,7 @@ def prepare(
     datasets = {"train": image.train_set, "val": image.val_set, "test": image.test_set}
     counts = {s: len(datasets[s]) for s in SPLITS}
     meta = dict(**settings, complete=False, splits=counts, class_names=image.class_names)
-    meta["input_shape"] = list(image.input_shape)
+    meta.update(input_shape=list(image.input_shape), fingerprint=image.split_fingerprint)
     # the settings first: a re-run after an interruption compares against them
     chunks.write_json(meta_path, meta)
     if is_remote(output_dir):

@@ -4,6 +4,9 @@ Image batches arrive as pixels at the training size (uint8, or float in [0, 1]) 
 (training only) and normalised here, a whole batch at a time on the training device.
 """
 
+import hashlib
+import json
+
 import lightning as L
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -14,11 +17,25 @@ from project.data.validate import check_batch_size
 from project.errors import ConfigError
 from project.rng import run_seed
 
+# What a checkpoint's data state records, and how a refused resume names each part that changed
+RECORDED = {
+    "class_names": "the class names",
+    "mean": "the training statistics",
+    "std": "the training statistics",
+    "fingerprint": "the samples in the train/val/test splits (split_seed, the fractions or the files)",
+}
+
+
+def fingerprint(members) -> str:
+    """A short digest of what decides the splits' members (indices into the source, file paths, settings)."""
+    return hashlib.sha256(json.dumps(members, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
 
 class ClassificationData(L.LightningDataModule):
-    """A LightningDataModule with class names (saved in checkpoints, checked on resume) and setup-time checks."""
+    """A LightningDataModule whose checkpointed state (class names, split fingerprint) is checked on resume."""
 
     class_names: list[str]
+    split_fingerprint: str | None = None  # fingerprint() of the splits' members, set when they are known
     train_set: Dataset | None = None
     val_set: Dataset | None = None
     test_set: Dataset | None = None
@@ -76,13 +93,20 @@ class ClassificationData(L.LightningDataModule):
         return "the data"
 
     def state_dict(self) -> dict:
-        return {"class_names": self.class_names}
+        return {"class_names": self.class_names, "fingerprint": self.split_fingerprint}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("class_names") not in (None, self.class_names):
+        # A resume continues only what it started: the same classes, statistics and split members.
+        now = self.state_dict()
+        changed = dict.fromkeys(
+            RECORDED[k] for k in RECORDED if None not in (state.get(k), now.get(k)) and state[k] != now[k]
+        )
+        if changed:
             raise ConfigError(
-                f"The checkpoint was trained on classes {state['class_names']}, but {self.describe_data()} has "
-                f"{self.class_names}. Resume with the data it was trained on, or start a new run."
+                f"This checkpoint was trained on other data than {self.describe_data()} holds now: "
+                f"{', '.join(changed)} changed. A resume continues only the run it started: resume with the data it "
+                "was trained on, or train on this data as a new run in a new directory (make train "
+                'ARGS="--run_dir runs/<new name>", or python -m project fit ... --run_dir runs/<new name>).'
             )
 
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from project.data import digits, folder_index, image_folder, torchvision_datasets
 from project.data.augment import Recipe, recipe_for
-from project.data.base import ImageData
+from project.data.base import ImageData, fingerprint
 from project.data.loaders import TensorImages, batched, eval_loader, loader_args, train_loader
 from project.data.normalize import STATS_LIMIT, resize, tensor_stats, train_stats
 from project.data.splits import carve
@@ -94,6 +94,7 @@ class ImageClassificationDataModule(ImageData):
         self.tensors = {name: pools[name] for name in SPLITS}
         self.mean, self.std = tensor_stats(self.tensors["train"][0])  # the training split only
         self.train_set, self.val_set, self.test_set = (TensorImages(*self.tensors[n]) for n in SPLITS)
+        self.split_fingerprint = fingerprint([hp.source, parts, sorted(given)])
 
     def _torchvision(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         hp = self.hparams
@@ -125,6 +126,10 @@ class ImageClassificationDataModule(ImageData):
         files.update({name: [train_files[i] for i in idx] for name, idx in carved(train_files).items()})
         self.train_set, self.val_set, self.test_set = (
             image_folder.ImageFiles(files[name], pixels) for name in SPLITS
+        )
+        # the files relative to root: the same folder moved elsewhere is the same data
+        self.split_fingerprint = fingerprint(
+            {n: [(os.path.relpath(p, hp.root), y) for p, y in files[n]] for n in SPLITS}
         )
 
     def loader(self, split: str) -> DataLoader:

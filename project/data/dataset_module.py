@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from project.data.base import ClassificationData
+from project.data.base import ClassificationData, fingerprint
 from project.data.loaders import eval_loader, loader_args, train_loader
 from project.data.splits import carve
 from project.data.validate import check_labels
@@ -70,6 +70,7 @@ class DatasetDataModule(ClassificationData):
         self.val_set, self.test_set = (
             given[s] if given[s] is not None else Subset(train, carved[s]) for s in ("val", "test")
         )
+        self.split_fingerprint = fingerprint([carved, {n: len(d) for n, d in given.items() if d is not None}])
         checked = []
         for name, dataset in ((name, d) for name, d in given.items() if d is not None):
             if self.collate_fn is None and len(dataset):
@@ -89,7 +90,7 @@ class DatasetDataModule(ClassificationData):
 
     def state_dict(self) -> dict:
         # No `mean`: predict and export take image checkpoints only, and say so (project/inference.py).
-        return {"class_names": self.class_names, "dataset": _qualified_name(self.datasets["train"])}
+        return super().state_dict() | {"dataset": _qualified_name(self.datasets["train"])}
 
 
 def _attribute(dataset: Dataset, name: str):

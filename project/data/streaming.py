@@ -13,7 +13,7 @@ from litdata import StreamingDataLoader, StreamingDataset
 
 from project.data import chunks
 from project.data.augment import Recipe, recipe_for
-from project.data.base import ImageData
+from project.data.base import ImageData, fingerprint
 from project.data.loaders import loader_args
 from project.data.validate import check_batch_size
 from project.errors import ConfigError
@@ -103,6 +103,8 @@ class StreamingDataModule(ImageData):
                 f"--image_size {image_size} --output_dir <new dir>) or leave data.image_size unset."
             )
         self.mean, self.std = list(meta["mean"]), list(meta["std"])
+        # prepare records the image module's fingerprint; a dataset prepared without one: its description
+        self.split_fingerprint = meta.get("fingerprint") or fingerprint(meta)
         self.recipe = recipe_for(augment, meta["source"])
         self._checked: set[str] = set()
 

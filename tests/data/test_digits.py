@@ -171,3 +171,26 @@ def test_in_memory_evaluation_batches_are_never_augmented(tmp_path):
     # ... while training batches of the same fit are augmented (the recipe is on)
     first = torch.cat([x for x, _ in dm.train_dataloader()])[:32]
     assert not torch.equal(record.train[0], Normalize(dm.mean, dm.std)(first))
+
+
+@pytest.mark.claim("resume-same-data")
+def test_a_resume_onto_other_splits_stops_with_the_fix():
+    """The in-memory default, another split_seed: other samples in each split (and other statistics)."""
+    from project.errors import ConfigError
+
+    state = setup_dm().state_dict()
+    assert state["fingerprint"] and state["mean"]
+    setup_dm().load_state_dict(state)  # the same data: the run goes on
+    with pytest.raises(
+        ConfigError, match=r"statistics, the samples in the train/val/test splits .*--run_dir"
+    ):
+        setup_dm(split_seed=1).load_state_dict(state)
+    # any Dataset too: its carved splits
+    from project.data import DatasetDataModule
+    from project.data.sequences import DigitPixelSequences
+
+    sequences = [DatasetDataModule(DigitPixelSequences(), split_seed=s) for s in (0, 1)]
+    for dm in sequences:
+        dm.setup("fit")
+    with pytest.raises(ConfigError, match=r"samples in the train/val/test splits"):
+        sequences[1].load_state_dict(sequences[0].state_dict())

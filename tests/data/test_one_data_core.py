@@ -104,6 +104,8 @@ def test_splits_statistics_and_eval_inputs_are_the_same_on_every_path(folder, pr
 
     # Statistics: one rule (training split only, at the training size), so the same numbers on every path ...
     assert files.mean == stream.mean and files.std == stream.std
+    # ... and what a resume checks: the same split members on both paths (prepare records the folder's)
+    assert files.state_dict()["fingerprint"] == stream.state_dict()["fingerprint"] is not None
     pixels = {p: resize(load_image(p), (SIZE, SIZE)) for p in sorted(map(str, folder.glob("train/*/*.png")))}
     train = [p for p, _ in files.train_set.samples]
     assert (files.mean, files.std) == train_stats(lambda p: pixels[p], train)
