@@ -1,9 +1,6 @@
-"""`python -m project prepare`: a data source as litdata chunks for StreamingDataModule (docs/data.md "Data that
-outgrows one machine"), in a local directory or at an s3:// URL (credentials from the AWS_* variables).
-
-The splits, pixels and statistics are the image module's: it is set up here and its datasets are what
-`litdata.optimize` writes, each image once at the training size as uint8 (C, H, W). prepare.json (project/data/
-chunks.py) holds what training, predict and export need besides the pixels, and the settings it was written with.
+"""`python -m project prepare`: a data source as litdata chunks for StreamingDataModule, in a local directory or
+at an s3:// URL. The splits, pixels and statistics are the image module's: its datasets are what `litdata.optimize`
+writes, each image once at the training size as uint8; prepare.json (chunks.py) holds the rest.
 """
 
 import math
@@ -16,18 +13,8 @@ from unittest import mock
 
 import torch
 
-from project.data.chunks import (
-    METADATA,
-    MIN_CHUNKS,
-    SPLITS,
-    allow_plain_http,
-    has_files,
-    index_samples,
-    is_remote,
-    join,
-    read_json,
-    write_json,
-)
+from project.data import chunks
+from project.data.chunks import SPLITS, index_samples, is_remote, join
 from project.errors import ConfigError
 
 # The settings that decide the contents: output prepared with other values is refused (or overwritten).
@@ -35,7 +22,7 @@ SETTINGS = ("source", "root", "image_size", "val_fraction", "test_fraction", "sp
 
 
 class StoredSample:
-    """litdata.optimize's function: sample i of a split as stored, uint8 pixels (float ones rounded) and label."""
+    """litdata.optimize's function: sample i of a split as stored, uint8 pixels and label."""
 
     def __init__(self, dataset) -> None:
         self.dataset = dataset
@@ -57,7 +44,7 @@ def prepare(
     split_seed: int = 0,
     num_workers: int | None = None,
     chunk_bytes: str = "64MB",
-    min_chunks: int = MIN_CHUNKS,
+    min_chunks: int = chunks.MIN_CHUNKS,
     overwrite: bool = False,
 ) -> dict:
     """Write a dataset as litdata chunks (train/val/test), resized to the training size, for StreamingDataModule.
@@ -71,13 +58,10 @@ def prepare(
         val_fraction: share of the non-test training data held out for validation when there is no val split.
         test_fraction: share of all data held out for test when there is no test split.
         split_seed: seed of the stratified splits (the image module's data.split_seed).
-        num_workers: writer processes; unset = the CPUs this process may use.
+        num_workers: writer processes; unset: the CPUs this process may use.
         chunk_bytes: largest size of one chunk file (litdata), e.g. 64MB.
-        min_chunks: write each split as at least this many chunk files (smaller ones when the split is small):
-            litdata shuffles and shards the training split chunk by chunk.
+        min_chunks: write each split as at least this many chunk files: litdata shuffles and shards by chunk.
         overwrite: replace output written with other settings or by something else.
-
-    Returns prepare.json's content.
     """
     os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # else litdata asks PyPI at each optimize()
     for name, fraction in (("val", val_fraction), ("test", test_fraction)):
@@ -91,10 +75,10 @@ def prepare(
     root = str(Path(root).resolve()) if root else None
     settings = dict(source=source, root=root, image_size=image_size, val_fraction=val_fraction)
     settings.update(test_fraction=test_fraction, split_seed=split_seed, storage="uint8")
-    meta_path, old = join(output_dir, METADATA), read_json(join(output_dir, METADATA))
-    if old is None and not overwrite and any(has_files(join(output_dir, s)) for s in SPLITS):
+    old = chunks.read_json(meta_path := join(output_dir, chunks.METADATA))
+    if old is None and not overwrite and any(chunks.has_files(join(output_dir, s)) for s in SPLITS):
         raise ConfigError(
-            f"'{output_dir}' already has splits but no {METADATA}: it was not written by `python -m project "
+            f"'{output_dir}' already has splits but no {chunks.METADATA}: it was not written by `python -m project "
             "prepare`. Choose another --output_dir, or pass --overwrite true to replace it."
         )
     changed = [f"{k}: {old.get(k)} -> {settings[k]}" for k in SETTINGS if old and old.get(k) != settings[k]]
@@ -119,26 +103,21 @@ def prepare(
     datasets = {"train": image.train_set, "val": image.val_set, "test": image.test_set}
     counts = {s: len(datasets[s]) for s in SPLITS}
     meta = dict(**settings, complete=False, splits=counts, class_names=image.class_names)
-    meta["input_shape"] = list(image.input_shape)
-    write_json(meta_path, meta)  # the settings first: a re-run after an interruption compares against them
+    meta.update(input_shape=list(image.input_shape), fingerprint=image.split_fingerprint)
+    # the settings first: a re-run after an interruption compares against them
+    chunks.write_json(meta_path, meta)
+    if is_remote(output_dir):
+        chunks.allow_plain_http()
 
     import litdata
     from litdata.utilities.format import _convert_bytes_to_int
 
-    workers = num_workers or (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    )
+    workers = num_workers or len(os.sched_getaffinity(0))
     # litdata stages chunks for upload under $TMPDIR/chunks and empties that folder when it starts: two prepares
-    # at once (a test suite's workers) would delete each other's chunks. A folder of our own.
+    # at once would delete each other's chunks. A folder of our own.
     staging = tempfile.TemporaryDirectory(prefix="prepare-")
     folders = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
-    private = (
-        {var: os.environ.get(var, f"{staging.name}/{var}") for var in folders}
-        if is_remote(output_dir)
-        else {}
-    )
-    if private:
-        allow_plain_http()
+    private = {v: os.environ.get(v, f"{staging.name}/{v}") for v in folders} if is_remote(output_dir) else {}
     with staging, mock.patch.dict(os.environ, private):
         for split in SPLITS:
             split_dir, n = join(output_dir, split), counts[split]
@@ -163,7 +142,7 @@ def prepare(
             if index_samples(split_dir) != n:
                 raise RuntimeError(f"{split_dir}: litdata wrote {index_samples(split_dir)} samples, not {n}.")
     meta.update(complete=True, mean=image.mean, std=image.std)
-    write_json(meta_path, meta)
+    chunks.write_json(meta_path, meta)
     print(f"{output_dir}: prepared ({counts}), input shape {tuple(image.input_shape)}.", file=sys.stderr)
     return meta
 

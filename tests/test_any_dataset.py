@@ -82,8 +82,9 @@ def test_sequence_example_trains_through_the_readme_command(sequence_run):
     assert data["class_path"] == "project.data.DatasetDataModule"
     assert data["init_args"]["train"]["class_path"] == "project.data.sequences.DigitPixelSequences"
     assert data["init_args"]["collate_fn"] == "project.data.sequences.pad_collate"
-    # The checkpoint keeps the class names and the dataset's class; no normalisation (not images).
+    # The checkpoint keeps the class names, the splits' fingerprint and the dataset's class; no normalisation.
     state = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    assert state["DatasetDataModule"].pop("fingerprint")
     assert state["DatasetDataModule"] == {
         "class_names": [str(d) for d in range(10)],
         "dataset": "project.data.sequences.DigitPixelSequences",

@@ -281,7 +281,7 @@ def test_prepare_rerun(tmp_path, local, capsys):
         "train: complete (72 samples), kept." in err and train_index.stat().st_mtime_ns == before[train_index]
     )
     assert stored(out, "val") == stored(done, "val")
-    assert StreamingDataModule(str(out)).split_sizes == EXPECTED
+    assert StreamingDataModule(str(out)).meta["splits"] == EXPECTED
 
     with pytest.raises(ConfigError, match=r"other settings \(image_size: 64 -> 32\).*--overwrite true"):
         prepare_local(pets, out, "--image_size", "32")
@@ -527,3 +527,36 @@ def test_training_loader_reads_the_trainers_epoch(local):
     assert one_epoch(loader) == orders[2]  # a fresh loader at epoch 2 (a resume from an epoch's end)
     dm.trainer.current_epoch = 1
     assert one_epoch(loader) == orders[1]
+
+
+@pytest.mark.claim("resume-same-data")
+def test_resume_onto_re_prepared_data_stops(tmp_path, capsys):
+    """A streaming run, its data prepared again with another split_seed: the resume stops with one paragraph
+    (before, it trained on and reported test_acc 1.0 on a test split whose images it had trained on)."""
+    from tests.conftest import CONFIGS, QUIET, run_cli
+
+    out = tmp_path / "digits-stream"
+    prepare = ["prepare", "--source", "digits", "--output_dir", out, "--overwrite", "true"]
+    fit = ["fit", "--config", CONFIGS / "default.yaml", *QUIET, "--data", "project.data.StreamingDataModule"]
+    fit += [
+        "--data.init_args.input_dir",
+        out,
+        "--data.init_args.num_workers",
+        "0",
+        "--run_dir",
+        tmp_path / "run",
+    ]
+    fit += [
+        "--trainer.limit_train_batches",
+        "3",
+        "--trainer.limit_val_batches",
+        "1",
+        "--test_after_fit",
+        "false",
+    ]
+    assert run_cli(*prepare) == 0 and run_cli(*fit, "--trainer.max_epochs", "1") == 0
+    assert run_cli(*prepare, "--split_seed", "1") == 0
+    capsys.readouterr()
+    assert run_cli(*fit, "--trainer.max_epochs", "2", "--ckpt_path", "last") == 2
+    err = capsys.readouterr().err
+    assert "samples in the train/val/test splits" in err and "--run_dir" in err, err

@@ -12,9 +12,8 @@ from project.rng import mix_seed
 
 Recipe = Literal["none", "affine", "crop_flip", "resized_crop"]
 RECIPES: tuple[str, ...] = get_args(Recipe)
-# Unset `augment`: small affine moves for digit-like data (never flips: a flipped 2 is not a 2), pad-and-crop +
-# flip for small photos (CIFAR-10's usual recipe), random resized crops + flip for photo folders (ImageNet's),
-# nothing for FashionMNIST (its garments are centred and aligned).
+# Unset `augment`: no flips for digits (a flipped 2 is not a 2), CIFAR-10's and ImageNet's usual recipes for
+# photos, nothing for FashionMNIST (its garments are centred and aligned).
 SOURCE_RECIPE = {
     "digits": "affine",
     "mnist": "affine",
@@ -43,13 +42,10 @@ def augment_training_batch(x: Tensor, recipe: str, seed: int, epoch: int, batch:
 def augment_batch(x: Tensor, recipe: str, generator: torch.Generator) -> Tensor:
     """Augment a whole (B, C, H, W) float batch in [0, 1], each sample with its own draws.
 
-    affine: rotation +-10 deg, scale 0.9-1.1, shift +-10% of the size, sampled bilinearly, zero fill, no flips.
-    crop_flip: a crop of a reflect-padded image (pad = size/8) and a horizontal flip for half the batch
-    (torchvision's RandomCrop(padding=size/8, reflect) + RandomHorizontalFlip).
-    resized_crop: a crop of CROP_SCALE of the area, aspect ratio in CROP_RATIO (log-uniform), scaled back
-    bilinearly, and a horizontal flip for half the batch: torchvision's RandomResizedCrop + RandomHorizontalFlip,
-    cropped from the image at the training size (the only size every path has: prepared chunks store that), a
-    crop that does not fit clipped to the image's side instead of drawn again.
+    affine: rotation +-10 deg, scale 0.9-1.1, shift +-10% of the size, bilinear, zero fill, no flips.
+    crop_flip: torchvision's RandomCrop(padding=size/8, reflect) + RandomHorizontalFlip.
+    resized_crop: torchvision's RandomResizedCrop + RandomHorizontalFlip, cropped from the image at the training
+    size (the only size every path has), a crop that does not fit clipped to the image instead of drawn again.
     """
     if recipe == "none":
         return x
@@ -59,18 +55,6 @@ def augment_batch(x: Tensor, recipe: str, generator: torch.Generator) -> Tensor:
     def uniform(lo: float, hi: float) -> Tensor:
         return torch.rand(b, generator=generator, device=dev) * (hi - lo) + lo
 
-    # pixel centres in grid_sample's coordinates, [-1, 1] (align_corners=False)
-    ys = (torch.arange(h, device=dev, dtype=x.dtype) * 2 + 1) / h - 1
-    xs = (torch.arange(w, device=dev, dtype=x.dtype) * 2 + 1) / w - 1
-    if recipe == "affine":
-        angle, scale = uniform(-10.0, 10.0).deg2rad(), uniform(0.9, 1.1)
-        tx, ty = uniform(-0.2, 0.2), uniform(-0.2, 0.2)  # normalised coords span 2: 0.2 = 10% of the size
-        cos, sin = (angle.cos() / scale)[:, None, None], (angle.sin() / scale)[:, None, None]
-        # The grid by broadcasting, not F.affine_grid: its batched matmul costs more on small batches.
-        gx = cos * xs[None, None, :] - sin * ys[None, :, None] + tx[:, None, None]  # (B, H, W)
-        gy = sin * xs[None, None, :] + cos * ys[None, :, None] + ty[:, None, None]
-        grid = torch.stack([gx, gy], dim=-1).to(x.dtype)
-        return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     if recipe == "crop_flip":
         pad = max(1, min(h, w) // 8)
         padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
@@ -85,15 +69,23 @@ def augment_batch(x: Tensor, recipe: str, generator: torch.Generator) -> Tensor:
         return out.permute(0, 3, 1, 2).contiguous(
             memory_format=torch.channels_last if c > 1 else torch.contiguous_format
         )
-    if recipe == "resized_crop":
+    # The other two: where each output pixel samples the input, as an affine map in grid_sample's [-1, 1] coords.
+    if recipe == "affine":
+        angle, scale = uniform(-10.0, 10.0).deg2rad(), uniform(0.9, 1.1)
+        cos, sin = angle.cos() / scale, angle.sin() / scale
+        rows = [[cos, -sin, uniform(-0.2, 0.2)], [sin, cos, uniform(-0.2, 0.2)]]  # coords span 2: 0.2 = 10%
+        padding = "zeros"
+    elif recipe == "resized_crop":
         area = uniform(*CROP_SCALE)
         ratio = uniform(*torch.tensor(CROP_RATIO).log().tolist()).exp()  # width / height, in pixels
         cw = (area * ratio * h / w).sqrt().clamp(max=1.0)  # crop width and height, fractions of the image's
         ch = (area / ratio * w / h).sqrt().clamp(max=1.0)
         cx, cy = uniform(-1.0, 1.0) * (1 - cw), uniform(-1.0, 1.0) * (1 - ch)  # crop centre
         sx = torch.where(torch.rand(b, generator=generator, device=dev) < 0.5, -cw, cw)  # negative: flipped
-        gx = (sx[:, None] * xs[None, :] + cx[:, None])[:, None, :].expand(b, h, w)
-        gy = (ch[:, None] * ys[None, :] + cy[:, None])[:, :, None].expand(b, h, w)
-        grid = torch.stack([gx, gy], dim=-1).to(x.dtype)
-        return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
-    raise ValueError(f"Unknown augmentation recipe '{recipe}'; expected one of {RECIPES}.")
+        zero = torch.zeros_like(cw)
+        rows, padding = [[sx, zero, cx], [zero, ch, cy]], "border"
+    else:
+        raise ValueError(f"Unknown augmentation recipe '{recipe}'; expected one of {RECIPES}.")
+    theta = torch.stack([torch.stack(row, 1) for row in rows], 1).to(x.dtype)  # (B, 2, 3)
+    grid = F.affine_grid(theta, [b, c, h, w], align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode=padding, align_corners=False)

@@ -1,13 +1,15 @@
 """What every data module shares; they differ only in where their samples come from.
 
 Image batches arrive as pixels at the training size (uint8, or float in [0, 1]) from every path and are augmented
-(training only) and normalised here, a whole batch at a time on the training device, by the same two functions.
+(training only) and normalised here, a whole batch at a time on the training device.
 """
 
+import hashlib
+import json
+
 import lightning as L
-import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from project.data.augment import augment_training_batch
 from project.data.normalize import Normalize
@@ -15,11 +17,25 @@ from project.data.validate import check_batch_size
 from project.errors import ConfigError
 from project.rng import run_seed
 
+# What a checkpoint's data state records, and how a refused resume names each part that changed
+RECORDED = {
+    "class_names": "the class names",
+    "mean": "the training statistics",
+    "std": "the training statistics",
+    "fingerprint": "the samples in the train/val/test splits (split_seed, the fractions or the files)",
+}
+
+
+def fingerprint(members) -> str:
+    """A short digest of what decides the splits' members (indices into the source, file paths, settings)."""
+    return hashlib.sha256(json.dumps(members, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
 
 class ClassificationData(L.LightningDataModule):
-    """A LightningDataModule with class names (saved in checkpoints, checked on resume) and setup-time checks."""
+    """A LightningDataModule whose checkpointed state (class names, split fingerprint) is checked on resume."""
 
     class_names: list[str]
+    split_fingerprint: str | None = None  # fingerprint() of the splits' members, set when they are known
     train_set: Dataset | None = None
     val_set: Dataset | None = None
     test_set: Dataset | None = None
@@ -29,9 +45,8 @@ class ClassificationData(L.LightningDataModule):
         return len(self.class_names)
 
     def prepare_data(self) -> None:
-        # Bad data fails before anything is written: Lightning creates the loggers' files in the run directory
-        # between prepare_data and setup, so the data is loaded and checked here, on the first process of each
-        # node; setup() keeps what it loaded, and the other processes load theirs in setup().
+        # Bad data fails before anything is written: Lightning creates the loggers' files between prepare_data and
+        # setup, so the first process of each node loads and checks the data here (setup() keeps it).
         fn = self.trainer.state.fn if self.trainer is not None else None
         self.setup(fn.value if fn is not None else None)
 
@@ -61,18 +76,37 @@ class ClassificationData(L.LightningDataModule):
     def world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
 
+    def loader(self, split: str) -> DataLoader:
+        raise NotImplementedError  # the three loader hooks below call it
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test")
+
     def describe_data(self) -> str:
         """How errors name this module's data."""
         return "the data"
 
     def state_dict(self) -> dict:
-        return {"class_names": self.class_names}
+        return {"class_names": self.class_names, "fingerprint": self.split_fingerprint}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("class_names") not in (None, self.class_names):
+        # A resume continues only what it started: the same classes, statistics and split members.
+        now = self.state_dict()
+        changed = dict.fromkeys(
+            RECORDED[k] for k in RECORDED if None not in (state.get(k), now.get(k)) and state[k] != now[k]
+        )
+        if changed:
             raise ConfigError(
-                f"The checkpoint was trained on classes {state['class_names']}, but {self.describe_data()} has "
-                f"{self.class_names}. Resume with the data it was trained on, or start a new run."
+                f"This checkpoint was trained on other data than {self.describe_data()} holds now: "
+                f"{', '.join(changed)} changed. A resume continues only the run it started: resume with the data it "
+                "was trained on, or train on this data as a new run in a new directory (make train "
+                'ARGS="--run_dir runs/<new name>", or python -m project fit ... --run_dir runs/<new name>).'
             )
 
 
@@ -81,7 +115,7 @@ class ImageData(ClassificationData):
 
     labels_checked = True  # every label is checked to be in [0, num_classes) before training
     input_shape: tuple[int, int, int]  # (C, H, W) at the training size
-    mean: list[float] | None = None  # the training split's per-channel statistics (stats.py)
+    mean: list[float] | None = None  # the training split's per-channel statistics (normalize.py)
     std: list[float] | None = None
     recipe: str = "none"  # the training augmentation (augment.py)
     _normalize: Normalize | None = None
@@ -95,28 +129,13 @@ class ImageData(ClassificationData):
         trainer = self.trainer
         if self.recipe != "none" and trainer is not None and trainer.training:
             # A function of (seed, epoch, batch index in the epoch, rank) only: the same after a resume.
-            b = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-            x = augment_training_batch(
-                x, self.recipe, run_seed(), trainer.current_epoch, b, trainer.global_rank
-            )
+            b, epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.current_epoch
+            x = augment_training_batch(x, self.recipe, run_seed(), epoch, b, trainer.global_rank)
         if self._normalize is None:
             self._normalize = Normalize(self.mean, self.std)
         return self._normalize(x), y.long()
 
-    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
-        # The in-memory path's batches are on the training device already: skip Lightning's walk over the batch.
-        # (Here, not in the LightningModule: Lightning warns when a module overrides it next to a data module.)
-        if isinstance(batch, (tuple, list)) and all(
-            isinstance(t, torch.Tensor) and t.device == device for t in batch
-        ):
-            return batch
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
     def state_dict(self) -> dict:
         # What predict and export need to know: the classes and the preprocessing.
-        return {
-            "class_names": self.class_names,
-            "mean": self.mean,
-            "std": self.std,
-            "input_shape": list(self.input_shape),
-        }
+        shape = list(self.input_shape)
+        return super().state_dict() | {"mean": self.mean, "std": self.std, "input_shape": shape}

@@ -1,10 +1,8 @@
-"""The format of a prepared dataset: `<dir>/prepare.json` and litdata chunks per split (`<dir>/<split>/index.json`
-and its chunk files), in a local directory or object storage. `python -m project prepare` writes it,
-StreamingDataModule reads it; both through this module.
+"""The format of a prepared dataset, which prepare writes and StreamingDataModule reads: `<dir>/prepare.json` and
+litdata chunks per split (`<dir>/<split>/index.json` and its chunk files), locally or in object storage.
 
-A litdata 0.2.76 chunk file (uncompressed) starts with its sample count n (uint32) and n + 1 uint32 offsets: the
-first is the header's length, the last the file's length; index.json lists each chunk's `filename`, `chunk_size`
-(n) and `chunk_bytes` (the file's length).
+A litdata 0.2.76 chunk file starts with its sample count n (uint32) and n + 1 uint32 offsets: the first is the
+header's length, the last the file's; index.json lists each chunk's `filename`, `chunk_size` (n) and `chunk_bytes`.
 """
 
 import json
@@ -19,9 +17,8 @@ from project.errors import ConfigError
 
 SPLITS = ("train", "val", "test")
 METADATA = "prepare.json"
-# litdata shuffles and shards a training split chunk by chunk: each epoch it deals the permuted chunk list out in
-# runs, one to each rank and loader worker. With few chunks a rank reads nearly the same share every epoch and the
-# same tail is dropped; 32 give new shares and still whole chunks to 8 ranks x 4 workers (docs/data.md).
+# litdata shuffles and shards a training split chunk by chunk: with few chunks a rank reads nearly the same share
+# every epoch and the same tail is dropped; 32 give new shares and whole chunks to 8 ranks x 4 workers.
 MIN_CHUNKS = 32
 
 
@@ -34,12 +31,10 @@ def join(base: str, *parts: str) -> str:
 
 
 def allow_plain_http(storage_options: dict | None = None) -> None:
-    """Let litdata's obstore client reach an http:// endpoint (MinIO on a LAN, moto in the tests): litdata passes
-    it fixed client options, so AWS_ALLOW_HTTP has no effect. Loader workers forked later inherit it."""
-    endpoint = (storage_options or {}).get("endpoint_url") or os.environ.get(
-        "AWS_ENDPOINT_URL_S3", os.environ.get("AWS_ENDPOINT_URL", "")
-    )
-    if endpoint.startswith("http://"):
+    """Let litdata's obstore client reach an http:// endpoint (MinIO, moto): litdata passes it fixed client
+    options, so AWS_ALLOW_HTTP has no effect."""
+    env = os.environ.get("AWS_ENDPOINT_URL_S3", os.environ.get("AWS_ENDPOINT_URL", ""))
+    if ((storage_options or {}).get("endpoint_url") or env).startswith("http://"):
         from litdata.streaming import downloader
 
         downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
@@ -55,8 +50,7 @@ def read_json(path: str, storage_options: dict | None = None) -> dict | None:
     """A JSON file's content, None when it does not exist."""
     if not is_remote(path):
         return json.loads(Path(path).read_text()) if Path(path).is_file() else None
-    store = _store(path, storage_options)
-    if not store.exists(path):
+    if not (store := _store(path, storage_options)).exists(path):
         return None
     with tempfile.TemporaryDirectory() as tmp:
         store.download_file(path, f"{tmp}/f.json")
@@ -116,33 +110,29 @@ def rewrite_hint(meta: dict, input_dir: str) -> str:
 
 
 def check_split(input_dir: str, split: str, meta: dict, storage_options: dict | None = None) -> int:
-    """Check a split before a run reads it; returns its chunk count. A ConfigError names the file and the fix.
-
-    Its index.json is there and lists prepare.json's sample count; in a local directory also every chunk file it
-    lists is there, with the size and a header that agree with it (a few bytes read per chunk). In a store the
-    chunks are fetched later, one at a time.
-    """
+    """Check a split before a run reads it; returns its chunk count. Its index.json lists prepare.json's sample
+    count; locally every chunk file it lists is there, with the size and header it lists (a few bytes read)."""
     split_dir = join(input_dir, split)
-    index_path = join(split_dir, "index.json")
-    fix = f"Write the dataset again: {rewrite_hint(meta, input_dir)}"
+    index_path, fix = (
+        join(split_dir, "index.json"),
+        f"Write the dataset again: {rewrite_hint(meta, input_dir)}",
+    )
     try:
         index = read_json(index_path, storage_options)
-        chunks = (
-            None
-            if index is None
-            else [(c["filename"], int(c["chunk_size"]), int(c["chunk_bytes"])) for c in index["chunks"]]
-        )
+        files = index and [
+            (c["filename"], int(c["chunk_size"]), int(c["chunk_bytes"])) for c in index["chunks"]
+        ]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise ConfigError(f"'{index_path}' is not a litdata index ({err!r}). {fix}") from err
-    if chunks is None:
+    if index is None:
         raise ConfigError(f"'{index_path}' is missing: the {split} split cannot be read. {fix}")
-    listed = sum(n for _, n, _ in chunks)
+    listed = sum(n for _, n, _ in files)
     if listed != meta["splits"][split]:
         raise ConfigError(
             f"'{index_path}' lists {listed} samples, but {METADATA} says the {split} split has "
             f"{meta['splits'][split]}. {fix}"
         )
-    for name, n, size in [] if is_remote(input_dir) else chunks:
+    for name, n, size in [] if is_remote(input_dir) else files:
         path = Path(split_dir, name)
         if not path.is_file():
             raise ConfigError(f"'{path}' is missing (listed in '{index_path}'). {fix}")
@@ -153,4 +143,4 @@ def check_split(input_dir: str, split: str, meta: dict, storage_options: dict | 
                 f"'{path}' is damaged: its size or header does not describe the {n} samples and {size} bytes "
                 f"that '{index_path}' lists (truncated or overwritten?). {fix}"
             )
-    return len(chunks)
+    return len(files)

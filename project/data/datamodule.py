@@ -1,7 +1,7 @@
 """ImageClassificationDataModule: the embedded digits, an ImageFolder, or torchvision's dataset files.
 
-It decides only where the samples come from and where they are held (the host, or the training device); splits,
-statistics, resizing, augmentation, normalisation and loaders are the functions every path shares.
+It decides only where the samples come from and where they are held (files read by loader workers, or tensors);
+splits, statistics, resizing, augmentation, normalisation and loaders are the functions every path shares.
 """
 
 import functools
@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from project.data import digits, folder_index, image_folder, torchvision_datasets
 from project.data.augment import Recipe, recipe_for
-from project.data.base import ImageData
+from project.data.base import ImageData, fingerprint
 from project.data.loaders import TensorImages, batched, eval_loader, loader_args, train_loader
 from project.data.normalize import STATS_LIMIT, resize, tensor_stats, train_stats
 from project.data.splits import carve
@@ -33,16 +33,16 @@ class ImageClassificationDataModule(ImageData):
         root: data directory for every source but `digits`.
         download: let torchvision download its dataset into `root` when the files are absent (needs network).
         batch_size: samples per batch *per device*; the global batch is batch_size x devices x nodes.
-        num_workers: loader worker processes per device; None picks one from the CPU count and process count.
+        num_workers: loader worker processes per device; None picks one from the CPU and process count.
         val_fraction: share of the non-test data held out for validation when there is no val split.
         test_fraction: share of all data held out for test when there is no test split.
         split_seed: seed of the train/val/test split, independent of the training seed.
         augment: the training augmentation (augment.py): `affine`, `crop_flip`, `resized_crop`, `none`; unset:
             the source's.
         image_size: resize images to this square size; None keeps the native size (ImageFolder: the first image's).
-        pin_memory: pin host memory for faster copies to the GPU; None means "when CUDA is available".
-        in_memory: hold each split as one tensor on the training device (the same batches). None: for tensor
-            sources whose splits take under a quarter of the free memory; true for ImageFolder decodes every image.
+        pin_memory: pin host memory for faster copies to the GPU; None: when CUDA is available.
+        in_memory: digits and torchvision sources: hold each split as one tensor on the training device; false:
+            a DataLoader over host tensors (the same batches). ImageFolder files are always read by a DataLoader.
     """
 
     def __init__(
@@ -58,7 +58,7 @@ class ImageClassificationDataModule(ImageData):
         augment: Recipe | None = None,
         image_size: int | None = None,
         pin_memory: bool | None = None,
-        in_memory: bool | None = None,
+        in_memory: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -74,43 +74,37 @@ class ImageClassificationDataModule(ImageData):
             self.class_names = torchvision_datasets.classes_of(source)
             c, h, w = torchvision_datasets.DATASETS[source][1]
         self.input_shape = (c, image_size, image_size) if image_size else (c, h, w)
-        # split -> (pixels at the training size, labels): tensor sources, and an ImageFolder held in memory
-        self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # split -> (pixels, labels)
 
     def describe_data(self) -> str:
         return f"the {self.hparams.source} data"
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return tuple(self.input_shape[1:])
 
     def load(self) -> None:
         if self.hparams.source == "imagefolder":
             return self._load_image_folder()
         hp = self.hparams
-        if hp.source == "digits":
-            images, labels = digits.load_digits_tensors()
-            given = {}
-        else:
-            images, labels = torchvision_datasets.load_split(hp.source, hp.root, True, hp.download)
-            given = {"test": torchvision_datasets.load_split(hp.source, hp.root, False, hp.download)}
+        images, labels = digits.load_digits_tensors() if hp.source == "digits" else self._torchvision(True)
+        given = {} if hp.source == "digits" else {"test": self._torchvision(False)}
         for name, (_, y) in {"training": (images, labels), **given}.items():  # fail here, not at a bad batch
             check_labels(y, self.num_classes, f"The {hp.source} {name} data")
         parts = carve(labels, len(labels), self.fractions(set(given)), hp.split_seed)
-        images = resize(images, self.size)  # once, not per batch
+        images = resize(images, self.input_shape[1:])  # once, not per batch
         pools = {name: (images[idx], labels[idx]) for name, idx in parts.items()}
-        pools.update({name: (resize(x, self.size), y) for name, (x, y) in given.items()})
+        pools.update({name: (resize(x, self.input_shape[1:]), y) for name, (x, y) in given.items()})
         self.tensors = {name: pools[name] for name in SPLITS}
         self.mean, self.std = tensor_stats(self.tensors["train"][0])  # the training split only
         self.train_set, self.val_set, self.test_set = (TensorImages(*self.tensors[n]) for n in SPLITS)
+        self.split_fingerprint = fingerprint([hp.source, parts, sorted(given)])
+
+    def _torchvision(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        hp = self.hparams
+        return torchvision_datasets.load_split(hp.source, hp.root, train, hp.download)
 
     def _load_image_folder(self) -> None:
         hp = self.hparams
         given = {name for name in ("val", "test") if os.path.isdir(os.path.join(hp.root, name))}
         fractions = self.fractions(given)
-        pixels = functools.partial(
-            image_folder.load_image_at, size=self.size
-        )  # a file as every path serves it
+        pixels = functools.partial(image_folder.load_image_at, size=self.input_shape[1:])
 
         def carved(train_files: list[tuple[str, int]]) -> dict[str, list[int]]:
             return carve([y for _, y in train_files], len(train_files), fractions, hp.split_seed)
@@ -122,7 +116,7 @@ class ImageClassificationDataModule(ImageData):
             hp.root,
             self.class_names,
             stats=stats,
-            stats_key=f"train_stats v2 size={self.size} limit={STATS_LIMIT} carve={fractions} seed={hp.split_seed}",
+            stats_key=f"train_stats v2 size={self.input_shape[1:]} limit={STATS_LIMIT} carve={fractions} seed={hp.split_seed}",
         )
         for name, samples in index.samples.items():  # unreadable files fail before training, train first
             fail_unreadable(index.unreadable[name], len(samples), os.path.join(hp.root, name))
@@ -133,44 +127,22 @@ class ImageClassificationDataModule(ImageData):
         self.train_set, self.val_set, self.test_set = (
             image_folder.ImageFiles(files[name], pixels) for name in SPLITS
         )
-        if hp.in_memory:  # decoded once, here: the in-memory path serves the same pixels as the files
-            self.tensors = {
-                name: (torch.stack([pixels(path) for path, _ in files[name]]), torch.tensor(ds.targets))
-                for name, ds in zip(SPLITS, (self.train_set, self.val_set, self.test_set))
-            }
+        # the files relative to root: the same folder moved elsewhere is the same data
+        self.split_fingerprint = fingerprint(
+            {n: [(os.path.relpath(p, hp.root), y) for p, y in files[n]] for n in SPLITS}
+        )
 
-    def use_in_memory(self) -> bool:
-        if self.hparams.in_memory is not None or not self.tensors:
-            return bool(self.hparams.in_memory)
-        need = sum(x.numel() * x.element_size() for x, _ in self.tensors.values())
-        device = self._device()
-        if device.type == "cuda":
-            free = torch.cuda.mem_get_info(device)[0]
-        else:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
-        return need < free / 4
-
-    def _device(self) -> torch.device:
-        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-
-    def _loader(self, split: str) -> DataLoader:
+    def loader(self, split: str) -> DataLoader:
         hp, trainer = self.hparams, self.trainer
-        if self.use_in_memory():  # on the device: no workers, nothing to pin
+        if self.tensors and hp.in_memory:  # on the device: no workers, nothing to pin
             # Lightning's hint to add workers does not apply: they would only carry the batches
             warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
-            dataset = TensorImages(*(t.to(self._device()) for t in self.tensors[split]))
+            device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+            dataset = TensorImages(*(t.to(device) for t in self.tensors[split]))
             args = loader_args(trainer, hp.batch_size, 0, False, False, batched)
         else:
-            dataset, files = getattr(self, f"{split}_set"), hp.source == "imagefolder"
-            collate = None if files else batched
-            args = loader_args(trainer, hp.batch_size, hp.num_workers, hp.pin_memory, files, collate)
+            dataset, files = getattr(self, f"{split}_set"), not self.tensors
+            args = loader_args(
+                trainer, hp.batch_size, hp.num_workers, hp.pin_memory, files, None if files else batched
+            )
         return (train_loader if split == "train" else eval_loader)(dataset, trainer, args)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")

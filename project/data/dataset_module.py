@@ -1,9 +1,5 @@
 """DatasetDataModule: any map-style torch Dataset (and its collate_fn), named by class_path in the config.
-
-For data that is not images in folders. Batches are (inputs, y) as the collate_fn makes them; what only images
-have (statistics, channels_last, predict and export) degrades with a message. Splits and loaders are the image
-module's.
-"""
+Batches are (inputs, y) as the collate_fn makes them; splits and loaders are the image module's."""
 
 from collections.abc import Callable
 from typing import Any
@@ -11,8 +7,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from project.data.base import ClassificationData
-from project.data.loaders import ResumableDataLoader, eval_loader, loader_args, train_loader
+from project.data.base import ClassificationData, fingerprint
+from project.data.loaders import eval_loader, loader_args, train_loader
 from project.data.splits import carve
 from project.data.validate import check_labels
 from project.errors import ConfigError
@@ -27,12 +23,11 @@ class DatasetDataModule(ClassificationData):
             Without a collate_fn, (input, label) tensor pairs (a torchvision dataset needs its `transform`).
         val: the validation Dataset; None carves `val_fraction` of `train` out (stratified by its `targets`).
         test: the test Dataset; None carves `test_fraction` of `train` out, before val.
-        collate_fn: a list of samples -> one (inputs, labels) batch: an import path or a callable class's
-            `class_path`. None: torch's default.
+        collate_fn: samples -> one (inputs, labels) batch: an import path or a callable class's `class_path`.
         num_classes: None reads the train dataset's `classes` (names) or `num_classes`.
         batch_size: samples per batch *per device*; the global batch is batch_size x devices x nodes.
         num_workers: loader worker processes per device; None picks one from the CPU and process count.
-        pin_memory: pin host memory for faster copies to the GPU; None means "when CUDA is available".
+        pin_memory: pin host memory for faster copies to the GPU; None: when CUDA is available.
         val_fraction: share of the non-test data held out for validation when `val` is None.
         test_fraction: share of all data held out for test when `test` is None.
         split_seed: seed of the carved splits, independent of the training seed.
@@ -56,14 +51,11 @@ class DatasetDataModule(ClassificationData):
         split_seed: int = 0,
     ) -> None:
         super().__init__()
-        # With LightningCLI the config is saved (the datasets as class_path + init_args); outside it, pickling the
-        # datasets themselves into every checkpoint would make it unloadable with weights_only=True.
+        # Outside LightningCLI (which saves class_path + init_args), pickled datasets would need weights_only=False
         self.save_hyperparameters(ignore=None if built_by_cli() else ["train", "val", "test", "collate_fn"])
-        self.datasets = {"train": train, "val": val, "test": test}
-        self.collate_fn = collate_fn
+        self.datasets, self.collate_fn = {"train": train, "val": val, "test": test}, collate_fn
         self.class_names = _class_names(train, num_classes)
-        # The count found, not None: Lightning refuses a module and a data module whose hparams share a key
-        # (num_classes) with different values, and the checkpoint rebuilds the same data module either way.
+        # The count found, not None: Lightning refuses a module and a data module whose hparams differ on a key
         self.save_hyperparameters({**self.hparams, "num_classes": len(self.class_names)})
         shape = _attribute(train, "input_shape")
         self.input_shape = tuple(shape) if shape is not None else None
@@ -78,6 +70,7 @@ class DatasetDataModule(ClassificationData):
         self.val_set, self.test_set = (
             given[s] if given[s] is not None else Subset(train, carved[s]) for s in ("val", "test")
         )
+        self.split_fingerprint = fingerprint([carved, {n: len(d) for n, d in given.items() if d is not None}])
         checked = []
         for name, dataset in ((name, d) for name, d in given.items() if d is not None):
             if self.collate_fn is None and len(dataset):
@@ -87,39 +80,28 @@ class DatasetDataModule(ClassificationData):
             checked.append(targets is not None)
         self.labels_checked = all(checked)
 
-    def _args(self) -> dict[str, Any]:
-        hp = self.hparams
-        return loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, True, self.collate_fn)
-
-    def train_dataloader(self) -> ResumableDataLoader:
-        return train_loader(self.train_set, self.trainer, self._args())
-
-    def val_dataloader(self) -> DataLoader:
-        return eval_loader(self.val_set, self.trainer, self._args())
-
-    def test_dataloader(self) -> DataLoader:
-        return eval_loader(self.test_set, self.trainer, self._args())
+    def loader(self, split: str) -> DataLoader:
+        hp, dataset = self.hparams, getattr(self, f"{split}_set")
+        args = loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, True, self.collate_fn)
+        return (train_loader if split == "train" else eval_loader)(dataset, self.trainer, args)
 
     def describe_data(self) -> str:
         return f"the dataset {_qualified_name(self.datasets['train'])}"
 
     def state_dict(self) -> dict:
         # No `mean`: predict and export take image checkpoints only, and say so (project/inference.py).
-        return {"class_names": self.class_names, "dataset": _qualified_name(self.datasets["train"])}
+        return super().state_dict() | {"dataset": _qualified_name(self.datasets["train"])}
 
 
 def _attribute(dataset: Dataset, name: str):
     """dataset.<name>, looking through Subsets and other wrappers that keep the original as `.dataset`."""
-    while dataset is not None:
-        if hasattr(dataset, name):
-            return getattr(dataset, name)
+    while dataset is not None and not hasattr(dataset, name):
         dataset = getattr(dataset, "dataset", None)
-    return None
+    return getattr(dataset, name, None)
 
 
 def _refuse_pil_images(sample: Any, dataset: Dataset, name: str) -> None:
-    """A PIL image (a torchvision dataset without a transform) would fail in torch's default collate in the first
-    batch, with a traceback: stop before training with the fix."""
+    """A PIL image (a torchvision dataset without a transform) would fail in the first batch's collate."""
     sample = list(sample.values()) if isinstance(sample, dict) else sample
     parts = sample if isinstance(sample, tuple | list) else [sample]
     if any(type(part).__module__.startswith("PIL.") for part in parts):
@@ -133,24 +115,21 @@ def _refuse_pil_images(sample: Any, dataset: Dataset, name: str) -> None:
 
 
 def _targets(dataset: Dataset) -> list[int] | None:
-    targets = _attribute(dataset, "targets")
-    if targets is None:
+    if (targets := _attribute(dataset, "targets")) is None:
         return None
     targets = torch.as_tensor(targets).tolist()
     return [targets[i] for i in dataset.indices] if isinstance(dataset, Subset) else targets
 
 
 def _class_names(dataset: Dataset, num_classes: int | None) -> list[str]:
-    classes, declared = _attribute(dataset, "classes"), _attribute(dataset, "num_classes")
-    if classes is not None:
+    if (classes := _attribute(dataset, "classes")) is not None:
         if num_classes is not None and num_classes != len(classes):
             raise ConfigError(
                 f"data.num_classes={num_classes}, but the train dataset {_qualified_name(dataset)} lists "
                 f"{len(classes)} classes. Leave --data.init_args.num_classes unset (the dataset's count is used)."
             )
         return [str(c) for c in classes]
-    count = num_classes if num_classes is not None else declared
-    if count is None:
+    if (count := num_classes if num_classes is not None else _attribute(dataset, "num_classes")) is None:
         raise ConfigError(
             f"How many classes does {_qualified_name(dataset)} have? It has no `classes` (class names) or "
             "`num_classes` attribute: set --data.init_args.num_classes N (data.init_args.num_classes in the "

@@ -1,12 +1,7 @@
-"""Index and check an ImageFolder once; later starts re-check only the files that changed.
-
-The listing is torchvision's (`make_dataset`: ImageFolder's files in its order) plus one stat per file. The
-manifest keeps per split the files' paths, sizes and mtime_ns when checked, why each unreadable file is, and the
-training statistics with the caller's key: a split whose lists equal the scan's is taken whole (no per-file work
-in Python), else only new or changed files are checked (make's rule: a same-size rewrite within one mtime tick
-goes unnoticed). It lives in `<root>/.project-index/`, or for a read-only root in the user cache. One process
-builds it under a file lock, which Lightning's prepare_data barrier alone would not give several nodes or runs
-sharing a folder; a process that finds it fresh reads it without the lock.
+"""Index and check an ImageFolder once; later starts re-check only the files that changed (make's rule: size and
+mtime_ns). The listing is torchvision's `make_dataset` plus one stat per file; the manifest keeps them, why each
+unreadable file is, and the training statistics. One process builds it under a file lock (Lightning's prepare_data
+barrier does not cover several nodes or runs sharing a folder); one that finds it fresh reads it without the lock.
 """
 
 import hashlib
@@ -34,9 +29,9 @@ VERSION = 2
 
 @dataclass
 class FolderIndex:
-    samples: dict[str, list[tuple[str, int]]]  # split -> (path, class index), for the splits that exist
-    unreadable: dict[str, list[str]]  # split -> "path (reason)" of each file that is not a readable image
-    mean: list[float] | None = None  # the training split's statistics (None: not asked for, or bad files)
+    samples: dict[str, list[tuple[str, int]]]  # split -> (path, class index)
+    unreadable: dict[str, list[str]]  # split -> "path (reason)"
+    mean: list[float] | None = None  # the training split's statistics
     std: list[float] | None = None
     checked: int = 0  # files opened to check them in this call
 
@@ -44,18 +39,11 @@ class FolderIndex:
 def index_folder(
     root: str | Path, classes: list[str], stats: Callable | None = None, stats_key: str = ""
 ) -> FolderIndex:
-    """The splits' samples and unreadable files, and the training split's mean/std from `stats` (a function of
-    its samples, called only when they or `stats_key` changed, never while a training file is unreadable)."""
+    """The splits' samples and unreadable files, and the training split's mean/std from `stats(train samples)`,
+    called only when they or `stats_key` changed, never while a training file is unreadable."""
     root = Path(root)
     scan = {split: _scan(root, split, classes) for split in SPLITS if (root / split).is_dir()}
     where = cache_dir(root)
-    if where is None:
-        warnings.warn(
-            f"Neither '{root / LOCAL_DIR}' nor the user cache folder can be written: the ImageFolder index is "
-            "made again at every start (every file is checked). Set XDG_CACHE_HOME to a writable folder.",
-            stacklevel=2,
-        )
-        return _build(root, scan, {}, stats, stats_key, may_work=True)[0]
     path = where / MANIFEST
     fresh = _build(root, scan, _read(path), stats, stats_key, may_work=False)
     if fresh is not None:  # nothing to check or compute: no lock needed
@@ -68,8 +56,8 @@ def index_folder(
     return index
 
 
-def cache_dir(root: str | Path) -> Path | None:
-    """`<root>/.project-index` if it can be written, else the user cache folder for root, else None."""
+def cache_dir(root: str | Path) -> Path:
+    """`<root>/.project-index` if it can be written, else the user cache folder for root, else a temporary one."""
     root = Path(root).resolve()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     digest = hashlib.sha256(str(root).encode()).hexdigest()[:16]
@@ -80,11 +68,13 @@ def cache_dir(root: str | Path) -> Path | None:
                 return folder
         except OSError:  # PermissionError, a read-only filesystem, ...
             continue
-    return None
+    tmp = Path(tempfile.gettempdir(), f"project-folder-index-{digest}")
+    tmp.mkdir(exist_ok=True)
+    return tmp
 
 
 def _scan(root: Path, split: str, classes: list[str]) -> tuple[list[str], list[int], list[int], list[int]]:
-    """(paths relative to root, sizes, mtimes_ns, labels) of the split's image files, in ImageFolder's order."""
+    """(paths relative to root, sizes, mtimes_ns, labels), in ImageFolder's order."""
     top = root / split
     if split != "train" and (found := class_folders(top)) != classes:
         raise ConfigError(
@@ -110,7 +100,7 @@ def _stat(path: str) -> tuple[int, int]:
 
 
 def _build(root: Path, scan: dict, old: dict, stats: Callable | None, stats_key: str, may_work: bool):
-    """(FolderIndex, manifest); None when may_work is False and a file must be checked or statistics computed."""
+    """(FolderIndex, manifest); None when may_work is False and there is work to do."""
     old_splits, old_bad = old.get("splits", {}), old.get("bad", {})
     base = str(root).rstrip(os.sep) + os.sep
     manifest = {"version": VERSION, "root": str(root.resolve()), "splits": {}, "bad": {}, "stats": None}
@@ -151,7 +141,7 @@ def _build(root: Path, scan: dict, old: dict, stats: Callable | None, stats_key:
 
 
 def _read(path: Path) -> dict:
-    """The manifest, or {} (made again) when it is absent, unreadable or of another version."""
+    """The manifest, or {} when it is absent, unreadable or of another version."""
     try:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)

@@ -1,9 +1,5 @@
-"""ImageFolder data: root/train/<class>/*, root/val and root/test optional (carved from train if absent).
-
-The layout, the decoder and the files dataset; folder_index.py lists and checks the files once. Files are decoded
-by torchvision.io.decode_image (libjpeg-turbo, straight into a tensor), pixel for pixel what ImageFolder's PIL
-loader gives on JPEG and PNG, and faster.
-"""
+"""ImageFolder data: root/train/<class>/*, root/val and root/test optional (carved from train if absent): the
+layout, the decoder and the files dataset; folder_index.py lists and checks the files once."""
 
 import os
 from collections.abc import Callable, Sequence
@@ -15,6 +11,8 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.functional import pil_to_tensor
 
 from project.data.normalize import resize
 from project.errors import ConfigError
@@ -30,15 +28,14 @@ def class_folders(folder: str | Path) -> list[str]:
 def describe(root: str) -> tuple[list[str], tuple[int, int]]:
     """Class names of root/train and the (H, W) of its first image; clear errors for a bad layout."""
     train = Path(root) / "train"
-    if not Path(root).is_dir():
-        raise ConfigError(f"data.root '{root}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
-    if not train.is_dir():
-        raise ConfigError(f"'{train}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
+    for path in (Path(root), train):
+        if not path.is_dir():
+            raise ConfigError(f"'{path}' does not exist. Expected {LAYOUT}. Set --data.init_args.root.")
     classes = class_folders(train)
     if not classes:
         raise ConfigError(f"'{train}' has no class folders. Expected {LAYOUT}: one folder per class.")
     for cls in classes:
-        for name in sorted(os.listdir(train / cls)):  # names, not Path objects: 10x faster on 100,000 files
+        for name in sorted(os.listdir(train / cls)):
             if name.lower().endswith(IMG_EXTENSIONS) and not (train / cls / name).is_dir():
                 try:
                     with Image.open(train / cls / name) as im:
@@ -49,28 +46,24 @@ def describe(root: str) -> tuple[list[str], tuple[int, int]]:
 
 
 def load_image(path: str | Path) -> Tensor:
-    """An image file as a (3, H, W) uint8 RGB tensor."""
-    from torchvision.io import ImageReadMode, decode_image
-
+    """An image file as a (3, H, W) uint8 RGB tensor: PIL's pixels, as ImageFolder's loader gives them."""
     try:
-        x = decode_image(str(path), mode=ImageReadMode.RGB)
-    except RuntimeError:  # a format torchvision does not decode (BMP, TIFF, ...): PIL, as ImageFolder
-        from torchvision.transforms.functional import pil_to_tensor
-
-        with Image.open(path) as im:
-            return pil_to_tensor(im.convert("RGB"))
-    if x.ndim == 4:  # an animated GIF: every frame; PIL's loader gives the first
-        x = x[0]
-    return x if x.dtype == torch.uint8 else (x.to(torch.int32) >> 8).to(torch.uint8)  # 16-bit PNG: 8 bits
+        x = decode_image(str(path), mode=ImageReadMode.RGB)  # JPEG, PNG: into a tensor, faster than PIL
+        if x.dtype == torch.uint8 and x.ndim == 3:  # else a 16-bit PNG or an animated GIF: PIL's way below
+            return x
+    except RuntimeError:  # a format torchvision does not decode (BMP, TIFF, ...)
+        pass
+    with Image.open(path) as im:
+        return pil_to_tensor(im.convert("RGB"))
 
 
 def load_image_at(path: str | Path, size: tuple[int, int] | None) -> Tensor:
-    """An image file as every path serves it: at the training size (normalize.resize)."""
+    """An image file as every path serves it: at the training size."""
     return resize(load_image(path), size)
 
 
 class ImageFiles(Dataset):
-    """samples[i] = (path, label) -> (loader(path), label): ImageFolder without its scan (the index made it)."""
+    """ImageFolder without its scan (the index made it): samples[i] = (path, label) -> (loader(path), label)."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], loader: Callable[[str], Any]) -> None:
         self.samples, self.loader = list(samples), loader

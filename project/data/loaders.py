@@ -1,9 +1,8 @@
 """The DataLoaders of every map-style path: image files, tensors on the host, tensors on the training device.
 
 Exact mid-epoch resume: Lightning saves a training loader's `state_dict()` in every checkpoint and restores it
-before the resumed run's first batch; it does not prefetch from loaders with a length, so the batches handed out
-are those trained on, and the resumed iterator skips their indices. The ranks move in lockstep: rank 0's saved
-position is every rank's.
+before the resumed run's first batch; the resumed iterator skips the batches handed out. The ranks move in
+lockstep: rank 0's saved position is every rank's.
 """
 
 from collections.abc import Callable, Iterator
@@ -15,7 +14,6 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from project.data.validate import check_batch_size
 from project.rng import mix_seed, run_seed
 
 if TYPE_CHECKING:
@@ -25,8 +23,8 @@ WORKER_SEED_STREAM = 1  # mix_seed(seed, epoch, 1): worker base seeds; mix_seed(
 
 
 class TensorImages(Dataset):
-    """(N, C, H, W) pixels (uint8, or float in [0, 1]) and labels, on the host or the training device: a batch is
-    one index_select where they are, not a collate of samples (its loaders take `collate_fn=batched`)."""
+    """(N, C, H, W) pixels and labels, on the host or the training device: a batch is one index_select where they
+    are, not a collate of samples (its loaders take `collate_fn=batched`)."""
 
     def __init__(self, images: Tensor, labels: Tensor) -> None:
         self.images, self.labels = images, labels.long()
@@ -48,10 +46,9 @@ def batched(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
 
 
 class EpochShard(DistributedSampler):
-    """This rank's equal, contiguous slice of a permutation seeded by (seed, epoch) only (the remainder is left
-    out), started `skip` indices in once. A DistributedSampler, so Lightning keeps it under DDP (any other it wraps,
-    padding the shards and restarting interrupted epochs); not its order, seeded by seed + epoch, which runs seeded
-    s and s + 1 would share an epoch apart."""
+    """This rank's equal, contiguous slice of a permutation seeded by mix_seed(seed, epoch) (the remainder is left
+    out), started `skip` indices in once. A DistributedSampler, so Lightning keeps it under DDP instead of wrapping
+    it; not DistributedSampler's seed + epoch order, which runs seeded s and s + 1 would share an epoch apart."""
 
     def __init__(self, n: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
         super().__init__(range(n), world_size, rank, shuffle=True, seed=seed, drop_last=True)
@@ -60,9 +57,8 @@ class EpochShard(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         skip, self.skip = self.skip, 0
         start = self.rank * self.num_samples
-        order = torch.randperm(
-            len(self.dataset), generator=torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
-        )
+        g = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+        order = torch.randperm(len(self.dataset), generator=g)
         return iter(order[start + skip : start + self.num_samples].tolist())
 
 
@@ -70,8 +66,7 @@ class ResumableDataLoader(DataLoader):
     """Shuffled training loader (drop_last) whose position is saved in and restored from checkpoints.
 
     A sampler other than an EpochShard (Lightning's, for overfit_batches) cannot skip: a resumed epoch restarts.
-    Worker base seeds come from the loader's own generator, re-seeded per epoch: the same after a resume, and
-    never drawn from the global RNG that a resume restored.
+    Worker base seeds come from the loader's own generator, re-seeded per epoch, never from the global RNG.
     """
 
     def __init__(
@@ -87,8 +82,7 @@ class ResumableDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         # A generator: its body runs at the first next(), after Lightning has called set_epoch.
         epoch, state, self._resume = getattr(self.sampler, "epoch", 0), self._resume, None
-        # checkpoints of the DataLoader path before the in-memory loader merged into it say "batches"
-        skip = state.get("position", state.get("batches", 0)) if state and state["epoch"] == epoch else 0
+        skip = state["position"] if state and state["epoch"] == epoch else 0
         if 0 < skip < len(self) and isinstance(self.sampler, EpochShard):
             self.sampler.skip = skip * self.batch_size
         else:
@@ -100,29 +94,25 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        return {
-            "epoch": getattr(self.sampler, "epoch", 0),
-            "position": self.position,
-            "seed": self.seed,
-            "world_size": getattr(self.sampler, "num_replicas", 1),
-            "batch_size": self.batch_size,
-        }
+        state = dict(epoch=getattr(self.sampler, "epoch", 0), position=self.position, seed=self.seed)
+        return state | dict(world_size=getattr(self.sampler, "num_replicas", 1), batch_size=self.batch_size)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        now = self.state_dict()
-        saved = (state.get("world_size", now["world_size"]), state.get("batch_size", self.batch_size))
-        if saved != (now["world_size"], self.batch_size):  # the epoch would be sliced or batched differently
+        saved, now = (
+            (state["world_size"], state["batch_size"]),
+            (self.state_dict()["world_size"], self.batch_size),
+        )
+        if saved != now:  # the epoch would be sliced or batched differently
             raise ValueError(
                 f"This checkpoint's loader ran with world_size={saved[0]} and batch_size={saved[1]}, now "
-                f"{now['world_size']} and {self.batch_size}: the rest of its epoch cannot be reproduced. Resume "
+                f"{now[0]} and {now[1]}: the rest of its epoch cannot be reproduced. Resume "
                 "with the same devices and --data.init_args.batch_size."
             )
         self._resume = dict(state)
 
 
 def default_num_workers(reads_files: bool, local_processes: int = 1) -> int:
-    """0 for decoded tensors (a worker would only add the batches' transport, competing for the cores); for
-    files Lightning's suggestion, at most 8 (each worker holds a copy of the dataset and its prefetched batches)."""
+    """0 for tensors (a worker would only carry the batches); for files Lightning's suggestion, at most 8."""
     return min(8, suggested_max_num_workers(local_processes)) if reads_files else 0
 
 
@@ -142,7 +132,6 @@ def loader_args(
         num_workers=num_workers,
         pin_memory=pin_memory if pin_memory is not None else torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
-        prefetch_factor=2 if num_workers > 0 else None,
         collate_fn=collate_fn,
         generator=torch.Generator(),  # an iterator's base seed, never from the global RNG
     )
@@ -151,7 +140,6 @@ def loader_args(
 def train_loader(dataset: Dataset, trainer: "L.Trainer | None", args: dict[str, Any]) -> ResumableDataLoader:
     """Shuffled, drop_last (equal-size steps keep BatchNorm stable and the DDP ranks in lockstep), resumable."""
     rank, size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-    check_batch_size(len(dataset), size, args["batch_size"])
     sampler = EpochShard(len(dataset), run_seed(), rank, size)
     return ResumableDataLoader(dataset, seed=run_seed(), sampler=sampler, **args)
 

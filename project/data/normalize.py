@@ -1,7 +1,6 @@
-"""The preprocessing of every path, evaluation, predict and export, so they cannot drift apart: `resize` once
-per image, in the pixels' own type (uint8 travels as a quarter of float32), then `normalize` on the device with
-the statistics of `train_stats`: the training split only, at the training size, from at most STATS_LIMIT samples
-evenly spaced in the split's order. Torch only: predict imports this without torchvision.
+"""The preprocessing of every path, evaluation, predict and export, so they cannot drift apart: `resize` once per
+image in the pixels' own type, then `normalize` on the device with the training split's statistics
+(`train_stats`). Torch only: predict imports this without torchvision.
 """
 
 import math
@@ -10,6 +9,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+STATS_LIMIT = 4096  # statistics from at most this many evenly spaced training images: settled, and quick
 
 
 def resize(x: Tensor, size: tuple[int, int] | list[int] | None) -> Tensor:
@@ -34,14 +35,9 @@ def normalize(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     return x.to(torch.float32).sub(mean).div_(std)  # never writes into the caller's tensor
 
 
-# Enough samples for the statistics to settle, few enough that a large ImageFolder is decoded for them in
-# seconds (once: the folder index keeps the result).
-STATS_LIMIT = 4096
-
-
 def train_stats(pixels: Callable[[int], Tensor], train: Sequence[int]) -> tuple[list[float], list[float]]:
-    """Per-channel (mean, std) on the [0, 1] scale of pixels(i) for i in `train`, summed in float64 one sample at a
-    time; the std clamped away from 0 so that a constant channel cannot divide by zero."""
+    """Per-channel (mean, std) on the [0, 1] scale of pixels(i) for i in `train`, summed in float64; the std
+    clamped away from 0 so that a constant channel cannot divide by zero."""
     total = total_sq = count = 0
     for pos in range(0, len(train), max(1, math.ceil(len(train) / STATS_LIMIT))):
         x = pixels(train[pos])
@@ -55,7 +51,6 @@ def train_stats(pixels: Callable[[int], Tensor], train: Sequence[int]) -> tuple[
 
 
 def tensor_stats(images: Tensor) -> tuple[list[float], list[float]]:
-    """`train_stats` of a split held as one (N, C, H, W) tensor."""
     return train_stats(images.__getitem__, range(len(images)))
 
 

@@ -11,8 +11,8 @@ from project.data import digits
 
 class DigitPixelSequences(Dataset):
     """Each 8x8 digit as the sequence of its ink pixels in reading order, one (row, column, intensity) step per
-    pixel, each in [0, 1]: 16 to 42 steps. `classes`, `targets` and `in_channels` are what DatasetDataModule and
-    the CLI read from a dataset (all optional).
+    pixel, each in [0, 1]: 16 to 42 steps. `classes`, `targets` and `in_channels` are optional attributes that
+    DatasetDataModule and the CLI read.
 
     Args:
         min_intensity: keep the pixels brighter than this (in [0, 1]; 0 keeps every pixel with ink).

@@ -1,5 +1,5 @@
-"""Train/val/test splits: `carve`, for every data module and `prepare`, a pure function of the labels and
-`split_seed` (its own generator, never the global RNG): a split never moves with the training seed."""
+"""Train/val/test splits for every data module and `prepare`: a pure function of the labels and `split_seed` (its
+own generator, never the global RNG), so a split never moves with the training seed."""
 
 import math
 from collections.abc import Callable, Sequence
@@ -8,8 +8,6 @@ import torch
 from torch import Tensor
 
 from project.errors import ConfigError
-
-CARVE_ORDER = ("test", "val")  # test from the whole pool, then val from what is left
 
 
 def stratified_split(
@@ -61,7 +59,7 @@ def carve(
     stratified by `labels`, or a seeded random split without. `flag` names the setting in errors."""
     index = list(range(n))
     out: dict[str, list[int]] = {}
-    for name in (name for name in CARVE_ORDER if name in fractions):
+    for name in (name for name in ("test", "val") if name in fractions):  # test from all, val from the rest
         fraction = fractions[name]
         if not 0 < fraction < 1:
             empty = " (1 or more leaves the train split empty)" if fraction >= 1 else ""

@@ -1,10 +1,6 @@
 """StreamingDataModule: training from the litdata chunks `python -m project prepare` wrote, local or in object
-storage (docs/data.md "Data that outgrows one machine").
-
-litdata does the reading: StreamingDataset shards each split over the ranks and loader workers it detects and
-shuffles the training split by (seed, epoch); StreamingDataLoader's state_dict, which Lightning saves in every
-checkpoint, resumes inside an epoch. The pixels were stored resized, as uint8, so the batches are augmented
-(training) and normalised on the device (project/data/base.py). What this module adds is below, each with its why.
+storage. litdata shards, shuffles and (through StreamingDataLoader's state_dict) resumes inside an epoch; this
+module adds the checks and fixes below, each with its why.
 """
 
 import logging
@@ -15,17 +11,9 @@ import warnings
 from lightning.pytorch.utilities import rank_zero_warn
 from litdata import StreamingDataLoader, StreamingDataset
 
+from project.data import chunks
 from project.data.augment import Recipe, recipe_for
-from project.data.base import ImageData
-from project.data.chunks import (
-    MIN_CHUNKS,
-    allow_plain_http,
-    check_split,
-    is_remote,
-    join,
-    read_metadata,
-    rewrite_hint,
-)
+from project.data.base import ImageData, fingerprint
 from project.data.loaders import loader_args
 from project.data.validate import check_batch_size
 from project.errors import ConfigError
@@ -33,20 +21,14 @@ from project.rng import run_seed
 
 # Evaluation turns drop_last off under DDP, which litdata warns "may lead to training interruptions": it would in
 # training, where every step syncs; evaluation syncs once, at the epoch's end.
-logging.getLogger("litdata.streaming.dataset").addFilter(
-    lambda record: "`drop_last`" not in record.getMessage()
-)
+logging.getLogger("litdata.streaming.dataset").addFilter(lambda r: "`drop_last`" not in r.getMessage())
 
 
 class EpochLoader(StreamingDataLoader):
-    """litdata's StreamingDataLoader reading the order of the epoch the trainer trains.
-
-    Lightning restores a loader's state only from a checkpoint taken inside an epoch: resumed from an epoch's end,
-    litdata's own count of `iter()` calls would start again at the first epoch's order. And litdata 0.2.76 clears
-    its `restore` flag only when its generator runs to the end, which Lightning never lets it do (it takes
-    len(loader) batches): the epoch after a mid-epoch resume would replay the restored state (with no loader
-    worker: an empty epoch).
-    """
+    """litdata's StreamingDataLoader reading the order of the epoch the trainer trains: Lightning restores a
+    loader's state only from inside an epoch (from an epoch's end litdata's own epoch count would restart), and
+    litdata 0.2.76 clears its `restore` flag only when its generator runs to the end, which Lightning never lets
+    it do (the epoch after a mid-epoch resume would replay the restored state)."""
 
     def __init__(self, dataset: StreamingDataset, epoch, fix: str, **kwargs) -> None:
         super().__init__(dataset, **kwargs)
@@ -81,13 +63,11 @@ class StreamingDataModule(ImageData):
     Args:
         input_dir: what prepare wrote: a local directory or an object-store URL (s3://bucket/prefix).
         batch_size: samples per batch *per device*; the global batch is batch_size x devices x nodes.
-        num_workers: loader worker processes per device; None picks one from the CPU count and process count.
-        augment: the training augmentation recipe (`affine`, `crop_flip`, `resized_crop`, `none`;
-            project/data/augment.py); unset: the prepared source's, as in the image module.
+        num_workers: loader worker processes per device; None picks one from the CPU and process count.
+        augment: the training augmentation (augment.py); unset: the prepared source's.
         shuffle: shuffle the training split (a new order each epoch); False reads it in stored order.
-        image_size: the size the data was prepared at (None accepts it); another size is an error that names
-            the prepare command, not a silent mismatch with the model.
-        pin_memory: pin host memory for faster copies to the GPU; None means "when CUDA is available".
+        image_size: the size the data was prepared at (None accepts it); another size is an error.
+        pin_memory: pin host memory for faster copies to the GPU; None: when CUDA is available.
         cache_dir: where chunks of a remote input_dir are cached (litdata's default when None).
         max_cache_size: cache budget on disk, e.g. "50GB" (None: litdata's default).
         storage_options: passed to litdata (boto3's client arguments for s3://, e.g. endpoint_url); None uses
@@ -109,15 +89,12 @@ class StreamingDataModule(ImageData):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        if batch_size < 1:
-            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}.")
         os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no PyPI request per StreamingDataset
-        # litdata gives each worker its own samples, so Lightning's "inaccurate __len__" warning does not apply;
-        # samples are read as views of the chunk's buffer, which collate copies and nothing writes into.
+        # litdata gives each worker its own samples (no inaccurate __len__); collate copies the read-only views
         warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
         warnings.filterwarnings("ignore", message=r"The given buffer is not writable")
-        self.input_dir = input_dir if is_remote(input_dir) else os.path.abspath(input_dir)
-        self.meta = meta = read_metadata(self.input_dir, storage_options)
+        self.input_dir = input_dir if chunks.is_remote(input_dir) else os.path.abspath(input_dir)
+        self.meta = meta = chunks.read_metadata(self.input_dir, storage_options)
         self.class_names, self.input_shape = list(meta["class_names"]), tuple(meta["input_shape"])
         if image_size is not None and self.input_shape[1:] != (image_size, image_size):
             raise ConfigError(
@@ -126,41 +103,34 @@ class StreamingDataModule(ImageData):
                 f"--image_size {image_size} --output_dir <new dir>) or leave data.image_size unset."
             )
         self.mean, self.std = list(meta["mean"]), list(meta["std"])
+        # prepare records the image module's fingerprint; a dataset prepared without one: its description
+        self.split_fingerprint = meta.get("fingerprint") or fingerprint(meta)
         self.recipe = recipe_for(augment, meta["source"])
-        self.split_sizes: dict[str, int] = dict(meta["splits"])
         self._checked: set[str] = set()
 
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit"):
-            check_batch_size(self.split_sizes["train"], self.world_size(), self.hparams.batch_size)
-        splits = {
-            None: ("train", "val", "test"),
-            "fit": ("train", "val"),
-            "validate": ("val",),
-            "test": ("test",),
-        }
+            check_batch_size(self.meta["splits"]["train"], self.world_size(), self.hparams.batch_size)
+        stages = {None: chunks.SPLITS, "fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
         # a deleted, truncated or overwritten file is named here, before the run starts, not by a loader worker
-        for split in [s for s in splits.get(stage, ()) if s not in self._checked]:
-            chunks = check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
+        for split in [s for s in stages.get(stage, ()) if s not in self._checked]:
+            count = chunks.check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
             self._checked.add(split)
-            if split == "train" and chunks < min(MIN_CHUNKS, self.split_sizes["train"]):
+            if split == "train" and count < min(least := chunks.MIN_CHUNKS, self.meta["splits"]["train"]):
                 rank_zero_warn(
-                    f"'{join(self.input_dir, split)}' is stored as {chunks} chunk files, fewer than {MIN_CHUNKS}: "
-                    "litdata shuffles and shards it chunk by chunk, so every epoch each process reads nearly the "
-                    "same share and the same samples are left out. Write it again with the default chunks: "
-                    f"{rewrite_hint(self.meta, self.input_dir)}."
+                    f"'{self.input_dir}/{split}' is stored as {count} chunk files, fewer than {least}: litdata "
+                    "shuffles and shards it chunk by chunk, so every epoch each process reads nearly the same share "
+                    f"and the same samples are left out. Write it again: {chunks.rewrite_hint(self.meta, self.input_dir)}."
                 )
 
-    def _loader(self, split: str) -> EpochLoader:
+    def loader(self, split: str) -> EpochLoader:
         hp, train = self.hparams, split == "train"
-        if is_remote(self.input_dir):
-            allow_plain_http(hp.storage_options)
+        if chunks.is_remote(self.input_dir):
+            chunks.allow_plain_http(hp.storage_options)
         dataset = StreamingDataset(
-            join(self.input_dir, split),
+            chunks.join(self.input_dir, split),
             shuffle=train and hp.shuffle,
-            # Off for evaluation (litdata turns it on under DDP): the last rank gets the remainder, every sample
-            # is counted once.
-            drop_last=train,
+            drop_last=train,  # off for evaluation (litdata turns it on under DDP): every sample counted once
             seed=run_seed() % 2**32,  # the same on every rank: the shards are disjoint
             # the requested sample only: litdata's "auto" decoded a window of 32 for each shuffled read
             batch_decode=1,
@@ -168,21 +138,12 @@ class StreamingDataModule(ImageData):
             max_cache_size=hp.max_cache_size,
             **({"cache_dir": hp.cache_dir} if hp.cache_dir else {}),
         )
-        # Persistent workers and a generator of their own: drawn from the global RNG, the worker seeds of the
-        # iterator a resumed epoch starts would shift the streams RNGState had just restored (dropout masks).
+        # The loader's own generator (loader_args): worker seeds drawn from the global RNG would shift the streams
+        # a resume had just restored (dropout masks).
         args = loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, reads_files=True)
         epoch = (lambda: self.trainer.current_epoch) if train and self.trainer is not None else None
-        fix = f"Write the dataset again: {rewrite_hint(self.meta, self.input_dir)}."
+        fix = f"Write the dataset again: {chunks.rewrite_hint(self.meta, self.input_dir)}."
         return EpochLoader(dataset, epoch, fix, drop_last=train, **args)
-
-    def train_dataloader(self) -> EpochLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> EpochLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> EpochLoader:
-        return self._loader("test")
 
     def describe_data(self) -> str:
         return f"'{self.input_dir}'"

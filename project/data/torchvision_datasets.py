@@ -13,7 +13,6 @@ DATASETS = {
     "mnist": ("MNIST", (1, 28, 28), "MNIST/raw"),
     "fashionmnist": ("FashionMNIST", (1, 28, 28), "FashionMNIST/raw"),
 }
-# CIFAR10 reads its class names from its files: listed here, so that they are known without them
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
@@ -24,7 +23,6 @@ def classes_of(name: str) -> list[str]:
 
 
 def load_split(name: str, root: str, train: bool, download: bool) -> tuple[Tensor, Tensor]:
-    """(N, C, H, W) uint8 images and int64 labels of the train or test split."""
     import torchvision.datasets as tvd
 
     cls_name, _, folder = DATASETS[name]

@@ -1,6 +1,5 @@
-"""Checks on the data before training starts, each failure one ConfigError paragraph naming what is wrong,
-where, and the fix: a run that would crash an hour in (a corrupt JPEG in epoch 3, a label 10 with 10 classes)
-fails in its first seconds instead."""
+"""Checks on the data before training starts: a run that would crash an hour in (a corrupt JPEG in epoch 3, a
+label 10 with 10 classes) fails in its first seconds, with one paragraph naming what, where, and the fix."""
 
 from pathlib import Path
 
@@ -11,9 +10,8 @@ from project.errors import ConfigError
 
 
 def unreadable_reason(path: str | Path) -> str | None:
-    """None when PIL can open and verify the file, else why not. verify() reads the file's structure without
-    decoding pixels (PNG checksums included): much cheaper than loading, but a JPEG truncated inside its pixel
-    data can pass."""
+    """None when PIL can open and verify the file, else why not: its structure without decoding pixels (a JPEG
+    truncated inside its pixel data can pass)."""
     try:
         with Image.open(path) as im:
             im.verify()

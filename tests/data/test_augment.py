@@ -37,3 +37,17 @@ def test_digits_augmentation_keeps_digits_recognisable():
     unit = torch.nn.functional.normalize(x.flatten(1), dim=1)
     other_class = unit @ unit.T
     assert corr.mean() > other_class[y[:, None] != y[None, :]].mean()
+
+
+@pytest.mark.claim("augment-differs-per-rank")
+def test_two_ranks_draw_different_augmentation_for_the_same_batch_index():
+    """The draws depend on the rank: two ranks augmenting alike would train on correlated copies."""
+    from project.data.augment import augment_training_batch
+
+    x = torch.rand(16, 3, 32, 32)
+    for recipe in ("affine", "crop_flip", "resized_crop"):
+        per_rank = [augment_training_batch(x, recipe, seed=0, epoch=1, batch=3, rank=r) for r in (0, 1)]
+        assert not torch.equal(*per_rank), recipe
+        assert torch.equal(per_rank[0], augment_training_batch(x, recipe, seed=0, epoch=1, batch=3, rank=0))
+        # most samples differ, not one: each rank's draws are its own
+        assert (per_rank[0] != per_rank[1]).flatten(1).any(1).float().mean() > 0.75, recipe

@@ -127,3 +127,70 @@ def test_prepare_data_loads_and_checks_the_data():
 
     with pytest.raises(ConfigError, match="fewer than data.batch_size=5000"):
         ImageClassificationDataModule(batch_size=5000).prepare_data()
+
+
+@pytest.mark.claim("eval-never-augmented")
+def test_in_memory_evaluation_batches_are_never_augmented(tmp_path):
+    """The digits default (tensors on the device, affine augmentation): in a real fit, every validation batch the
+    model sees is the val split, in order, normalised and nothing else."""
+    import lightning as L
+
+    from project.data.normalize import Normalize
+    from project.models import ConvNet
+    from project.module import ClassificationModule
+
+    class Record(L.Callback):
+        def __init__(self) -> None:
+            self.val, self.train = [], []
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+            self.val.append(batch[0].clone())
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.train.append(batch[0].clone())
+
+    dm, record = ImageClassificationDataModule(batch_size=32), Record()
+    assert dm.hparams.in_memory and dm.recipe == "affine"
+    trainer = L.Trainer(
+        max_epochs=2,
+        limit_train_batches=2,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[record],
+    )
+    trainer.fit(ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8)), datamodule=dm)
+    x, _ = dm.tensors["val"]
+    expected = Normalize(dm.mean, dm.std)(x)
+    assert len(record.val) == 2 * 5  # two validations of 144 images in batches of 32
+    for val in (record.val[:5], record.val[5:]):
+        assert torch.equal(torch.cat(val), expected)
+    # ... while training batches of the same fit are augmented (the recipe is on)
+    first = torch.cat([x for x, _ in dm.train_dataloader()])[:32]
+    assert not torch.equal(record.train[0], Normalize(dm.mean, dm.std)(first))
+
+
+@pytest.mark.claim("resume-same-data")
+def test_a_resume_onto_other_splits_stops_with_the_fix():
+    """The in-memory default, another split_seed: other samples in each split (and other statistics)."""
+    from project.errors import ConfigError
+
+    state = setup_dm().state_dict()
+    assert state["fingerprint"] and state["mean"]
+    setup_dm().load_state_dict(state)  # the same data: the run goes on
+    with pytest.raises(
+        ConfigError, match=r"statistics, the samples in the train/val/test splits .*--run_dir"
+    ):
+        setup_dm(split_seed=1).load_state_dict(state)
+    # any Dataset too: its carved splits
+    from project.data import DatasetDataModule
+    from project.data.sequences import DigitPixelSequences
+
+    sequences = [DatasetDataModule(DigitPixelSequences(), split_seed=s) for s in (0, 1)]
+    for dm in sequences:
+        dm.setup("fit")
+    with pytest.raises(ConfigError, match=r"samples in the train/val/test splits"):
+        sequences[1].load_state_dict(sequences[0].state_dict())

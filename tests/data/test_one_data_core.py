@@ -1,5 +1,5 @@
 """One data core: the same folder gives the same splits, statistics, evaluation inputs and augmentation on every
-path (files through a DataLoader, one tensor in memory, the chunks `prepare` writes for streaming), and carved
+path (files through a DataLoader, tensors in memory, the chunks `prepare` writes for streaming), and carved
 splits never move with the training seed. In-process, on a small generated ImageFolder (no val/test folders, so
 both are carved from train)."""
 
@@ -60,9 +60,9 @@ def stream_module(prepared: Path, **kw):
     return dm
 
 
-def three_paths(folder: Path, prepared: Path) -> tuple:
-    """The same folder as files through a DataLoader, as tensors in memory, and as prepared chunks."""
-    return folder_module(folder), folder_module(folder, in_memory=True), stream_module(prepared)
+def two_paths(folder: Path, prepared: Path) -> tuple:
+    """The same folder as files through a DataLoader and as prepared chunks."""
+    return folder_module(folder), stream_module(prepared)
 
 
 def fake_trainer(training: bool, epoch: int = 0, batch: int = 0, rank: int = 0) -> SimpleNamespace:
@@ -91,20 +91,21 @@ def test_splits_statistics_and_eval_inputs_are_the_same_on_every_path(folder, pr
     from project.data.image_folder import load_image
     from project.data.normalize import resize
 
-    files, memory, stream = three_paths(folder, prepared)
-    # Split membership: the folder module's, the in-memory copy's and what prepare wrote (the chunks' pixels) are
+    files, stream = two_paths(folder, prepared)
+    # Split membership: the folder module's and what prepare wrote (the chunks' pixels) are
     # the same samples in the same order.
     for split in ("train", "val", "test"):
         paths = [p for p, _ in getattr(files, f"{split}_set").samples]
         pixels = torch.stack([resize(load_image(p), (SIZE, SIZE)) for p in paths])
-        assert torch.equal(memory.tensors[split][0], pixels)
         chunks = StreamingDataset(str(prepared / split))
         assert torch.equal(torch.stack([chunks[i]["image"] for i in range(len(chunks))]), pixels), split
     sizes = [len(files.train_set), len(files.val_set), len(files.test_set)]
     assert sum(sizes) == len(CLASSES) * PER_CLASS and min(sizes) >= len(CLASSES)
 
     # Statistics: one rule (training split only, at the training size), so the same numbers on every path ...
-    assert files.mean == memory.mean == stream.mean and files.std == memory.std == stream.std
+    assert files.mean == stream.mean and files.std == stream.std
+    # ... and what a resume checks: the same split members on both paths (prepare records the folder's)
+    assert files.state_dict()["fingerprint"] == stream.state_dict()["fingerprint"] is not None
     pixels = {p: resize(load_image(p), (SIZE, SIZE)) for p in sorted(map(str, folder.glob("train/*/*.png")))}
     train = [p for p, _ in files.train_set.samples]
     assert (files.mean, files.std) == train_stats(lambda p: pixels[p], train)
@@ -117,7 +118,7 @@ def test_splits_statistics_and_eval_inputs_are_the_same_on_every_path(folder, pr
     for split in ("val", "test"):
         x = eval_inputs(files, split)
         assert x.dtype == torch.float32 and torch.equal(x, eval_inputs(files, split))
-        assert torch.equal(x, eval_inputs(memory, split)) and torch.equal(x, eval_inputs(stream, split))
+        assert torch.equal(x, eval_inputs(stream, split))
         paths = [p for p, _ in getattr(files, f"{split}_set").samples]
         predicted = []
         for p in paths:
@@ -128,15 +129,15 @@ def test_splits_statistics_and_eval_inputs_are_the_same_on_every_path(folder, pr
 
 @pytest.mark.claim("data-one-core")
 def test_augmentation_is_one_recipe_with_the_same_draws_on_every_path(folder, prepared):
-    files, memory, stream = three_paths(folder, prepared)
-    assert files.recipe == memory.recipe == stream.recipe == "resized_crop"  # the ImageFolder source's recipe
+    files, stream = two_paths(folder, prepared)
+    assert files.recipe == stream.recipe == "resized_crop"  # the ImageFolder source's recipe
     pixels = default_collate([files.train_set[i] for i in range(4)])
     outputs = []
-    for dm in (files, memory, stream):
+    for dm in (files, stream):
         dm.trainer = fake_trainer(training=True, epoch=2, batch=5)
         outputs.append(dm.on_after_batch_transfer(pixels, 0)[0])
     # the same batch at the same (epoch, batch, rank): the same augmented tensor, bit for bit
-    assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
+    assert torch.equal(outputs[0], outputs[1])
     files.trainer = fake_trainer(training=True, epoch=2, batch=6)
     assert not torch.equal(
         files.on_after_batch_transfer(pixels, 0)[0], outputs[0]
@@ -154,7 +155,7 @@ def test_augmentation_is_one_recipe_with_the_same_draws_on_every_path(folder, pr
 @pytest.mark.claim("data-one-core")
 def test_the_dataloader_and_in_memory_paths_train_on_the_same_batches():
     """digits with augmentation: the training batches the model sees in a real fit, bit for bit, whichever path
-    serves them (free memory decides the path when in_memory is unset: it must not change the run)."""
+    serves them."""
     import lightning as L
 
     from project.models import ConvNet
