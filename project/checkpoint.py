@@ -1,10 +1,6 @@
-"""Reading checkpoints safely: the one reader (weights_only=True) and the classes a checkpoint may name.
-
-A checkpoint's hyperparameters name the classes that rebuild its model, and importing a module runs its code.
-Lightning's `load_from_checkpoint` checks only the top-level class, its `instantiate_module` imports every nested
-one, and weights_only guards the unpickling, not this: every name is held to an allowlist before any import.
-Imports only torch, so that predict and export start without Lightning.
-"""
+"""Reading checkpoints safely: weights_only=True, and every class a checkpoint names held to an allowlist before
+anything is imported (importing runs code; weights_only guards only the unpickling, and Lightning's
+instantiate_module imports every nested class). Imports only torch: predict and export start without Lightning."""
 
 import os
 import pkgutil
@@ -33,7 +29,7 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
         )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as err:  # truncated zip, random bytes, a pickle with code in it, ...
+    except Exception as err:  # truncated zip, random bytes, a pickle with code in it
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise ConfigError(
             f"Checkpoint '{path}' ({path.stat().st_size} bytes) cannot be read with weights_only=True: {reason}. "
@@ -51,15 +47,12 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
 
 def check_checkpoint(path: str | os.PathLike, module: nn.Module) -> None:
     """Before a resume: tensors that do not fit `module` in one paragraph, instead of a size-mismatch traceback."""
-    theirs = {
-        k: v.shape for k, v in read_checkpoint(path, mmap=True)["state_dict"].items() if hasattr(v, "shape")
-    }
-    ours = {k: v.shape for k, v in module.state_dict().items()}
+    state = read_checkpoint(path, mmap=True)["state_dict"]
+    theirs = {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
+    ours = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     found = {
         "tensors differ in shape": [
-            f"{k}: checkpoint {tuple(theirs[k])} vs model {tuple(v)}"
-            for k, v in ours.items()
-            if theirs.get(k, v) != v
+            f"{k}: checkpoint {theirs[k]} vs model {v}" for k, v in ours.items() if theirs.get(k, v) != v
         ],
         "of the model's tensors are absent": [k for k in ours if k not in theirs],
         "tensors are not in the model": [k for k in theirs if k not in ours],
@@ -111,11 +104,8 @@ def check_class_paths(tree: Any, allow=(), path: Any = "checkpoint", dotted_stri
 
 
 def instantiate(spec: Any, allow=()) -> Any:
-    """Build `{class_path, init_args}` specs, nested ones first, by plain calls; strings are never imported.
-
-    Not jsonargparse or Lightning's instantiate_module: the stored init_args are resolved values already, and
-    predict must not import Lightning.
-    """
+    """Build `{class_path, init_args}` specs, nested ones first, by plain calls; strings are never imported (the
+    stored init_args are resolved values already: no jsonargparse, no Lightning)."""
     if isinstance(spec, list):
         return [instantiate(v, allow) for v in spec]
     if not isinstance(spec, dict):

@@ -1,10 +1,8 @@
 """AtomicCheckpointIO, the Trainer plugin that writes every checkpoint (trainer.plugins in configs/default.yaml).
 
-Lightning's TorchCheckpointIO writes through an fsspec transaction: a temporary file in the system's temp folder,
-then `shutil.move`, which is an unsynced copy onto last.ckpt when that folder is another filesystem (a tmpfs /tmp,
-cluster scratch), so a kill during it tears the file. This one writes with project/atomic.py. A file of its own:
-project/checkpoint.py, which predict and export import, stays free of Lightning.
-"""
+Lightning's TorchCheckpointIO stages the file in the system's temp folder and moves it: an unsynced copy when that
+folder is another filesystem (tmpfs /tmp, cluster scratch), so a kill tears last.ckpt. A file of its own so that
+project/checkpoint.py, which predict and export import, stays free of Lightning."""
 
 import errno
 from pathlib import Path
@@ -35,7 +33,5 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"Saving checkpoint '{path}' failed: {cause.strerror or cause}.{kept} Free disk space or point "
                 "--run_dir at a writable disk with room, then resume with --ckpt_path last."
             ) from err
-        for stale in path.parent.glob(
-            f".{path.name}.*.tmp"
-        ):  # atomic_write's, left by a process killed mid-write
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-write
             stale.unlink(missing_ok=True)

@@ -19,9 +19,8 @@ class _Parsed(Exception):
 
 
 def training_config(args: list[str]) -> dict:
-    """The `fit` config of `python -m project fit ARGS`, read by the CLI's own parser (overlays, `+` appends,
-    flags, defaults, types); nothing is built or written. Raises jsonargparse's ArgumentError (or a ConfigError)
-    where `make train` would refuse the arguments."""
+    """The `fit` config of `python -m project fit ARGS`, read by the CLI's own parser; nothing is built. Raises
+    jsonargparse's ArgumentError (or a ConfigError) where `make train` would refuse the arguments."""
     from project.cli import ProjectCLI, build_cli
 
     class ParseOnly(ProjectCLI):
@@ -117,13 +116,10 @@ def doctor(args: list[str]) -> int:
     cuda, built = torch.cuda.is_available(), torch.version.cuda
     gpus = torch.cuda.device_count() if cuda else 0
     nccl, gloo = (dist.is_available() and ok() for ok in (dist.is_nccl_available, dist.is_gloo_available))
-    versions = (
-        f"{torch.__version__}   lightning {lightning.__version__}   torchmetrics {torchmetrics.__version__}"
-    )
     supports = f", supports CUDA <= {driver_cuda}" if driver_cuda else ""
     facts = {
         "python": f"{platform.python_version()} ({sys.executable})",
-        "torch": versions,
+        "torch": f"{torch.__version__}   lightning {lightning.__version__}   torchmetrics {torchmetrics.__version__}",
         "CUDA build": built or "no (CPU-only torch)",
         "CUDA driver": f"{driver or 'none found (no nvidia-smi)'}{supports}",
         "cuda.is_available ": cuda,
@@ -144,9 +140,7 @@ def doctor(args: list[str]) -> int:
         check_writable(run_dir)
         oks.append(f"run directory {run_dir} is writable.")
     except ConfigError:
-        stops.append(
-            f"cannot write '{run_dir}'. fix: make it writable, or pass --run_dir to a writable place."
-        )
+        stops.append(f"cannot write '{run_dir}'. fix: make it writable, or pass another --run_dir.")
     facts["run dir"] = f"{run_dir.resolve()} ({'writable' if oks else 'NOT writable'})"
     if not config:
         facts["config"] = "not read: see the problem below"
@@ -154,20 +148,17 @@ def doctor(args: list[str]) -> int:
         logger = trainer.get("logger")
         if not isinstance(logger, list):
             logger = [{"class_path": "TensorBoardLogger"} if logger is True else logger] if logger else []
-        loggers = list(dict.fromkeys(str(e.get("class_path", "?")).rsplit(".", 1)[-1] for e in logger))
+        loggers = dict.fromkeys(str(e.get("class_path", "?")).rsplit(".", 1)[-1] for e in logger)
         facts["loggers"] = ", ".join(loggers) or "none"
-        if "WandbLogger" in loggers:
-            from project.loggers import wandb_key_configured
-
-            online = "online" if wandb_key_configured() else "offline (no API key)"
-            facts["W&B"] = os.environ.get("WANDB_MODE") or online
         facts["data"], problem = check_data(data)
         if problem:
             stops.append(problem)
-        elif image_module:
-            oks.append(f"data ({source}) is present.")
         else:
-            oks.append(f"data module {source} and the classes it names import.")
+            oks.append(
+                f"data ({source}) is present."
+                if image_module
+                else f"data module {source} and the classes it names import."
+            )
     print(*(f"{key:<13} {value}" for key, value in facts.items()), "", sep="\n")
 
     if built and driver_cuda and Version(driver_cuda) < Version(built):
@@ -186,9 +177,7 @@ def doctor(args: list[str]) -> int:
     else:
         oks.insert(0, f"{gpus} CUDA GPU(s) usable.")
     if gpus > 1 and not nccl:
-        notes.append(
-            "several GPUs but no NCCL: DDP would be slow or fail. fix: install a CUDA torch with NCCL."
-        )
+        notes.append("several GPUs but no NCCL: DDP would be slow or fail. fix: install torch with NCCL.")
     verdict = f"{len(stops)} problem(s) would stop `make train`." if stops else "ready for `make train`."
     print(*(f"ok: {t}" for t in oks), *(f"problem (training still starts): {t}" for t in notes), sep="\n")
     print(*(f"problem: {t}" for t in stops), f"doctor: {verdict}", sep="\n")
