@@ -22,8 +22,7 @@ CONTRACT = ("class_names", "input_shape", "mean", "std")
 
 @dataclass
 class Preprocessing:
-    """The data module's saved state, turning an image into training's evaluation input with training's own
-    functions (project/data/normalize.py), without importing torchvision."""
+    """The data module's saved state: an image -> training's evaluation input, by training's own functions."""
 
     class_names: list[str]
     mean: list[float]
@@ -42,7 +41,7 @@ class Preprocessing:
 
 
 def contract_gaps(data) -> list[str]:
-    """The CONTRACT keys that a data module's state_dict() (or that state itself) lacks or leaves None."""
+    """The CONTRACT keys that a data module's state_dict() (or that state) lacks or leaves None."""
     state = data.state_dict() if hasattr(data, "state_dict") else data
     return [k for k in CONTRACT if not isinstance(state, dict) or state.get(k) is None]
 

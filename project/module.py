@@ -93,11 +93,10 @@ class ClassificationModule(L.LightningModule):
 
     def training_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
         loss, logits, y = self._shared_step(batch)
-        train = self._train
+        t = self._train
         sums = torch.stack((loss.detach(), (logits.argmax(dim=1) == y).sum().to(loss.dtype)))
-        train["sums"] = sums if train["sums"] is None else train["sums"].add_(sums)
-        train["steps"] += 1
-        train["samples"] += y.numel()
+        t["sums"] = sums if t["sums"] is None else t["sums"].add_(sums)
+        t["steps"], t["samples"] = t["steps"] + 1, t["samples"] + y.numel()
         return loss
 
     def on_train_epoch_end(self) -> None:
