@@ -2,6 +2,8 @@
 anything is imported (importing runs code; weights_only guards only the unpickling, and Lightning's
 instantiate_module imports every nested class). Imports only torch: predict and export start without Lightning."""
 
+import importlib.util
+import io
 import os
 import pkgutil
 import re
@@ -18,21 +20,38 @@ ALLOWED = ("project", "torchvision.models", "torch.nn", "torch.optim")
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
+def s3_through_obstore() -> None:
+    """fsspec's s3:// through obstore (the `s3` extra), unless s3fs is installed: no s3fs release resolves against
+    litdata's botocore. A key written by one upload is seen whole or not at all."""
+    if not importlib.util.find_spec("s3fs") and importlib.util.find_spec("obstore"):
+        import obstore.fsspec
+
+        obstore.fsspec.register("s3")
+
+
+def filesystem(url: str):
+    import fsspec
+
+    s3_through_obstore()
+    return fsspec.url_to_fs(url)[0]
+
+
 def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
-    """torch.load(weights_only=True), with errors that name the file, what is wrong and the fix."""
-    path = Path(path)
-    if not path.is_file():
+    """torch.load(weights_only=True) of a file or URL, with errors that name it, what is wrong and the fix."""
+    fs = filesystem(str(path)) if "://" in str(path) else None
+    path = str(path) if fs else Path(path)
+    if not (fs.isfile(path) if fs else path.is_file()):
         raise ConfigError(
             f"Checkpoint '{path}' does not exist. Pass a .ckpt file written by `make train`: --ckpt_path "
-            "runs/<run>/checkpoints/last.ckpt (or best-epoch=NNN.ckpt); with make predict or make export: "
-            "CKPT=runs/<run>/checkpoints/last.ckpt."
+            "runs/<run>/checkpoints/last.ckpt (make predict, make export: CKPT=runs/<run>/checkpoints/last.ckpt)."
         )
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        source = io.BytesIO(fs.cat_file(path)) if fs else path
+        checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=mmap and not fs)
     except Exception as err:  # truncated zip, random bytes, a pickle with code in it
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise ConfigError(
-            f"Checkpoint '{path}' ({path.stat().st_size} bytes) cannot be read with weights_only=True: {reason}. "
+            f"Checkpoint '{path}' ({fs.size(path) if fs else path.stat().st_size} bytes) cannot be read with weights_only=True: {reason}. "
             "It is truncated, corrupt, not a PyTorch file, or holds pickled objects (code) that safe loading "
             "refuses. Use another checkpoint of the run (its checkpoints/ folder), e.g. --ckpt_path last."
         ) from err

@@ -2,20 +2,29 @@
 
 Lightning's TorchCheckpointIO stages the file in the system's temp folder and moves it: an unsynced copy when that
 folder is another filesystem (tmpfs /tmp, cluster scratch), so a kill tears last.ckpt. A file of its own so that
-project/checkpoint.py, which predict and export import, stays free of Lightning."""
+project/checkpoint.py, which predict and export import, stays free of Lightning. A checkpoint directory that is a
+URL (s3://bucket/run/checkpoints) gets each file in one upload: a key appears only whole."""
 
 import errno
+import io
 from pathlib import Path
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from project.atomic import atomic_write
+from project.checkpoint import filesystem, s3_through_obstore
 from project.errors import ConfigError, find_in_chain
+
+s3_through_obstore()  # before ModelCheckpoint or Lightning's loading ask fsspec for an s3:// path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if "://" in str(path):
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            return filesystem(str(path)).pipe_file(str(path), buffer.getvalue())
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
