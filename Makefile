@@ -67,7 +67,7 @@ $(STAMP):
 	$(PY) scripts/check_env.py
 else
 $(STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,export,report,sweep,stream,s3]"
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev,export,report,sweep,stream]"
 	@touch $(STAMP)
 endif
 

@@ -21,7 +21,7 @@ _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
 def s3_through_obstore() -> None:
-    """fsspec's s3:// through obstore (the `s3` extra), unless s3fs is installed: no s3fs release resolves against
+    """fsspec's s3:// through obstore (the `stream` extra), unless s3fs is installed: no s3fs release resolves against
     litdata's botocore. A key written by one upload is seen whole or not at all."""
     if not importlib.util.find_spec("s3fs") and importlib.util.find_spec("obstore"):
         import obstore.fsspec
