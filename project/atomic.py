@@ -1,10 +1,6 @@
 """Files written whole or not at all: every file the package writes that something reads back goes through here
-(tests/test_layout.py checks), checkpoints included (project/checkpoint_io.py).
-
-The temporary file is in the target's own folder, so that the final rename is a rename: fsspec's transactions
-(Lightning's checkpoint saving) stage the file in the system's temp folder and move it, which is an unsynced copy
-when that folder is on another filesystem. Plain Python: the tools that start fast import it.
-"""
+(tests/test_layout.py checks), checkpoints included (project/checkpoint_io.py). Plain Python: the tools that start
+fast import it."""
 
 import os
 import tempfile
@@ -14,8 +10,9 @@ from pathlib import Path
 
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args):
-    """A temporary file next to `path` ("w": utf-8 text, or "wb"); on a clean exit it is fsynced, then renamed
-    over `path`, so a reader, a kill or a power loss sees the old file or the new one, never part of one."""
+    """A temporary file next to `path` ("w": utf-8 text, or "wb"), fsynced, then renamed over `path` on a clean
+    exit, so a reader, a kill or a power loss sees the old file or the new one, never part of one. Next to it, so
+    that the rename is a rename, not a copy from another filesystem."""
     path = Path(path)
     if "b" not in mode:
         open_args.setdefault("encoding", "utf-8")

@@ -1,9 +1,5 @@
-"""DenoisingAutoencoder: another task on the same data, trainer and callbacks (configs/autoencoder.yaml).
-
-The CLI takes any `L.LightningModule` by `model.class_path`; this one shows what a task needs from the template:
-a loss, metrics logged as `val/loss` (what the checkpoint selects on) and `test/loss`, and an optimizer with the
-template's schedule. The labels the image data modules yield are ignored: the target is the clean image.
-"""
+"""DenoisingAutoencoder (configs/autoencoder.yaml): what another task needs from the template: a loss, `val/loss`
+(what the checkpoint selects on) and `test/loss`, and the template's optimizer and schedule."""
 
 import math
 
@@ -21,8 +17,7 @@ class DenoisingAutoencoder(L.LightningModule):
     Args:
         input_shape: (C, H, W) of one image; linked from the data module by the CLI.
         code_size: width of the bottleneck.
-        noise_std: standard deviation of the noise, in normalised pixel units (the data module standardises
-            pixels to mean 0, std 1 per channel); 0 makes it a plain autoencoder.
+        noise_std: standard deviation of the noise, in normalised pixel units; 0 makes a plain autoencoder.
         optimizer: any torch optimizer (`class_path` + `init_args`), called with the parameters.
         scheduler: the learning-rate schedule, stepped every optimizer step; null keeps the lr constant.
     """
@@ -48,10 +43,9 @@ class DenoisingAutoencoder(L.LightningModule):
         return self.net(x)
 
     def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
-        x = batch[0].float()  # the class labels play no part; the loss in float32, also under AMP
+        x = batch[0].float()  # the target is the clean image, not the label; float32 also under AMP
         loss = nn.functional.mse_loss(self(x + self.hparams.noise_std * torch.randn_like(x)).float(), x)
-        if not self.trainer.sanity_checking:  # every stage denoises; the untrained model's loss is not logged
-            # once per epoch: Lightning's mean weighted by batch size (per sample over uneven batches), over all ranks
+        if not self.trainer.sanity_checking:  # per sample over uneven batches and all ranks
             kwargs = dict(on_step=False, on_epoch=True, batch_size=len(x), sync_dist=True)
             self.log(f"{stage}/loss", loss, prog_bar=stage != "test", **kwargs)
         return loss

@@ -1,11 +1,9 @@
-"""Reading checkpoints safely: the one reader (weights_only=True) and the classes a checkpoint may name.
+"""Reading checkpoints safely: weights_only=True, and every class a checkpoint names held to an allowlist before
+anything is imported (importing runs code; weights_only guards only the unpickling, and Lightning's
+instantiate_module imports every nested class). Imports only torch: predict and export start without Lightning."""
 
-A checkpoint's hyperparameters name the classes that rebuild its model, and importing a module runs its code.
-Lightning's `load_from_checkpoint` checks only the top-level class, its `instantiate_module` imports every nested
-one, and weights_only guards the unpickling, not this: every name is held to an allowlist before any import.
-Imports only torch, so that predict and export start without Lightning.
-"""
-
+import importlib.util
+import io
 import os
 import pkgutil
 import re
@@ -22,21 +20,38 @@ ALLOWED = ("project", "torchvision.models", "torch.nn", "torch.optim")
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
+def s3_through_obstore() -> None:
+    """fsspec's s3:// through obstore (the `stream` extra), unless s3fs is installed: no s3fs release resolves against
+    litdata's botocore. A key written by one upload is seen whole or not at all."""
+    if not importlib.util.find_spec("s3fs") and importlib.util.find_spec("obstore"):
+        import obstore.fsspec
+
+        obstore.fsspec.register("s3")
+
+
+def filesystem(url: str):
+    import fsspec
+
+    s3_through_obstore()
+    return fsspec.url_to_fs(url)[0]
+
+
 def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
-    """torch.load(weights_only=True), with errors that name the file, what is wrong and the fix."""
-    path = Path(path)
-    if not path.is_file():
+    """torch.load(weights_only=True) of a file or URL, with errors that name it, what is wrong and the fix."""
+    fs = filesystem(str(path)) if "://" in str(path) else None
+    path = str(path) if fs else Path(path)
+    if not (fs.isfile(path) if fs else path.is_file()):
         raise ConfigError(
             f"Checkpoint '{path}' does not exist. Pass a .ckpt file written by `make train`: --ckpt_path "
-            "runs/<run>/checkpoints/last.ckpt (or best-epoch=NNN.ckpt); with make predict or make export: "
-            "CKPT=runs/<run>/checkpoints/last.ckpt."
+            "runs/<run>/checkpoints/last.ckpt (make predict, make export: CKPT=runs/<run>/checkpoints/last.ckpt)."
         )
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as err:  # truncated zip, random bytes, a pickle with code in it, ...
+        source = io.BytesIO(fs.cat_file(path)) if fs else path
+        checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=mmap and not fs)
+    except Exception as err:  # truncated zip, random bytes, a pickle with code in it
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise ConfigError(
-            f"Checkpoint '{path}' ({path.stat().st_size} bytes) cannot be read with weights_only=True: {reason}. "
+            f"Checkpoint '{path}' ({fs.size(path) if fs else path.stat().st_size} bytes) cannot be read with weights_only=True: {reason}. "
             "It is truncated, corrupt, not a PyTorch file, or holds pickled objects (code) that safe loading "
             "refuses. Use another checkpoint of the run (its checkpoints/ folder), e.g. --ckpt_path last."
         ) from err
@@ -51,15 +66,12 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
 
 def check_checkpoint(path: str | os.PathLike, module: nn.Module) -> None:
     """Before a resume: tensors that do not fit `module` in one paragraph, instead of a size-mismatch traceback."""
-    theirs = {
-        k: v.shape for k, v in read_checkpoint(path, mmap=True)["state_dict"].items() if hasattr(v, "shape")
-    }
-    ours = {k: v.shape for k, v in module.state_dict().items()}
+    state = read_checkpoint(path, mmap=True)["state_dict"]
+    theirs = {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
+    ours = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     found = {
         "tensors differ in shape": [
-            f"{k}: checkpoint {tuple(theirs[k])} vs model {tuple(v)}"
-            for k, v in ours.items()
-            if theirs.get(k, v) != v
+            f"{k}: checkpoint {theirs[k]} vs model {v}" for k, v in ours.items() if theirs.get(k, v) != v
         ],
         "of the model's tensors are absent": [k for k in ours if k not in theirs],
         "tensors are not in the model": [k for k in theirs if k not in ours],
@@ -111,11 +123,8 @@ def check_class_paths(tree: Any, allow=(), path: Any = "checkpoint", dotted_stri
 
 
 def instantiate(spec: Any, allow=()) -> Any:
-    """Build `{class_path, init_args}` specs, nested ones first, by plain calls; strings are never imported.
-
-    Not jsonargparse or Lightning's instantiate_module: the stored init_args are resolved values already, and
-    predict must not import Lightning.
-    """
+    """Build `{class_path, init_args}` specs, nested ones first, by plain calls; strings are never imported (the
+    stored init_args are resolved values already: no jsonargparse, no Lightning)."""
     if isinstance(spec, list):
         return [instantiate(v, allow) for v in spec]
     if not isinstance(spec, dict):

@@ -1,23 +1,30 @@
 """AtomicCheckpointIO, the Trainer plugin that writes every checkpoint (trainer.plugins in configs/default.yaml).
 
-Lightning's TorchCheckpointIO writes through an fsspec transaction: a temporary file in the system's temp folder,
-then `shutil.move`, which is an unsynced copy onto last.ckpt when that folder is another filesystem (a tmpfs /tmp,
-cluster scratch), so a kill during it tears the file. This one writes with project/atomic.py. A file of its own:
-project/checkpoint.py, which predict and export import, stays free of Lightning.
-"""
+Lightning's TorchCheckpointIO stages the file in the system's temp folder and moves it: an unsynced copy when that
+folder is another filesystem (tmpfs /tmp, cluster scratch), so a kill tears last.ckpt. A file of its own so that
+project/checkpoint.py, which predict and export import, stays free of Lightning. A checkpoint directory that is a
+URL (s3://bucket/run/checkpoints) gets each file in one upload: a key appears only whole."""
 
 import errno
+import io
 from pathlib import Path
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from project.atomic import atomic_write
+from project.checkpoint import filesystem, s3_through_obstore
 from project.errors import ConfigError, find_in_chain
+
+s3_through_obstore()  # before ModelCheckpoint or Lightning's loading ask fsspec for an s3:// path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if "://" in str(path):
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            return filesystem(str(path)).pipe_file(str(path), buffer.getvalue())
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -35,7 +42,5 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"Saving checkpoint '{path}' failed: {cause.strerror or cause}.{kept} Free disk space or point "
                 "--run_dir at a writable disk with room, then resume with --ckpt_path last."
             ) from err
-        for stale in path.parent.glob(
-            f".{path.name}.*.tmp"
-        ):  # atomic_write's, left by a process killed mid-write
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-write
             stale.unlink(missing_ok=True)

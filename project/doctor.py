@@ -19,9 +19,8 @@ class _Parsed(Exception):
 
 
 def training_config(args: list[str]) -> dict:
-    """The `fit` config of `python -m project fit ARGS`, read by the CLI's own parser (overlays, `+` appends,
-    flags, defaults, types); nothing is built or written. Raises jsonargparse's ArgumentError (or a ConfigError)
-    where `make train` would refuse the arguments."""
+    """The `fit` config of `python -m project fit ARGS`, read by the CLI's own parser; nothing is built. Raises
+    jsonargparse's ArgumentError (or a ConfigError) where `make train` would refuse the arguments."""
     from project.cli import ProjectCLI, build_cli
 
     class ParseOnly(ProjectCLI):
@@ -53,38 +52,35 @@ def check_data(data: dict) -> tuple[str, str | None]:
 
     args, class_path = data.get("init_args") or {}, data.get("class_path", "ImageClassificationDataModule")
     source, root = args.get("source", "digits"), args.get("root")
-    if not class_path.endswith("ImageClassificationDataModule"):
-        # Another data module: parsing the config imported it and the classes and functions it names.
+    if not class_path.endswith("ImageClassificationDataModule"):  # parsing imported it and what it names
         named = [
             f"{k} {v['class_path']}" for k, v in args.items() if isinstance(v, dict) and "class_path" in v
         ]
         if callable(fn := args.get("collate_fn")):
             named.append(f"collate_fn {fn.__module__}.{fn.__qualname__}")
-        named_text = f" ({', '.join(named)})" if named else ""
-        return f"{class_path}{named_text}: imported, built when training starts", None
+        return f"{class_path}{' (' * bool(named)}{', '.join(named)}{')' * bool(named)}: imported", None
     if source == "digits":
         return "digits: embedded (project/data/digits.csv.gz), no files needed", None
     if root is None:
-        fix = f"data source '{source}' needs a directory. fix: set --data.init_args.root DIR."
-        return f"{source}: no root", fix
+        return (
+            f"{source}: no root",
+            f"data source '{source}' needs a directory. fix: --data.init_args.root DIR.",
+        )
     if source == "imagefolder":
         from project.data.image_folder import describe
 
         try:
             classes, (h, w) = describe(root)
         except ConfigError as err:
-            fix = f"{err} fix: put the images there or point root elsewhere."
-            return f"imagefolder at {root}: not usable", fix
+            return f"imagefolder at {root}: not usable", f"{err} fix: put the images there or set root."
         return f"imagefolder at {root}: {len(classes)} classes, first image {h}x{w}", None
     from project.data.torchvision_datasets import DATASETS
 
     folder = Path(root) / DATASETS[source][2]
     if folder.is_dir() or args.get("download"):
         return f"{source} at {folder}: {'present' if folder.is_dir() else 'will be downloaded'}", None
-    return f"{source}: '{folder}' missing", (
-        f"{source} files are not under '{folder}'. fix: copy them there, or add --data.init_args.download true "
-        "on a machine with network access."
-    )
+    fix = f"{source} files are not under '{folder}'. fix: copy them there, or --data.init_args.download true."
+    return f"{source}: '{folder}' missing", fix
 
 
 def doctor(args: list[str]) -> int:
@@ -105,27 +101,20 @@ def doctor(args: list[str]) -> int:
     except (ArgumentError, ConfigError) as err:
         config, first = {}, (str(err).strip().splitlines() or [type(err).__name__])[0]
         stops.append(
-            f"`make train` would refuse these arguments ({first}). fix: correct the flag or config file "
-            "(`python -m project fit --help` lists every key)."
+            f"`make train` would refuse these arguments ({first}). fix: see `make train ARGS=--help`."
         )
     trainer, data = config.get("trainer") or {}, config.get("data") or {}
-    init = data.get("init_args") or {}
-    class_path = data.get("class_path", "ImageClassificationDataModule")
+    init, class_path = data.get("init_args") or {}, data.get("class_path", "ImageClassificationDataModule")
     image_module = class_path.endswith("ImageClassificationDataModule")
     source = init.get("source", "digits") if image_module else class_path
-    driver, driver_cuda = _driver()
-    cuda, built = torch.cuda.is_available(), torch.version.cuda
+    (driver, driver_cuda), cuda, built = _driver(), torch.cuda.is_available(), torch.version.cuda
     gpus = torch.cuda.device_count() if cuda else 0
     nccl, gloo = (dist.is_available() and ok() for ok in (dist.is_nccl_available, dist.is_gloo_available))
-    versions = (
-        f"{torch.__version__}   lightning {lightning.__version__}   torchmetrics {torchmetrics.__version__}"
-    )
-    supports = f", supports CUDA <= {driver_cuda}" if driver_cuda else ""
     facts = {
         "python": f"{platform.python_version()} ({sys.executable})",
-        "torch": versions,
+        "torch": f"{torch.__version__}   lightning {lightning.__version__}   torchmetrics {torchmetrics.__version__}",
         "CUDA build": built or "no (CPU-only torch)",
-        "CUDA driver": f"{driver or 'none found (no nvidia-smi)'}{supports}",
+        "CUDA driver": f"{driver or 'none found (no nvidia-smi)'}{f', supports CUDA <= {driver_cuda}' * bool(driver_cuda)}",
         "cuda.is_available ": cuda,
     }
     for i, p in enumerate(map(torch.cuda.get_device_properties, range(gpus))):
@@ -144,9 +133,7 @@ def doctor(args: list[str]) -> int:
         check_writable(run_dir)
         oks.append(f"run directory {run_dir} is writable.")
     except ConfigError:
-        stops.append(
-            f"cannot write '{run_dir}'. fix: make it writable, or pass --run_dir to a writable place."
-        )
+        stops.append(f"cannot write '{run_dir}'. fix: make it writable, or pass another --run_dir.")
     facts["run dir"] = f"{run_dir.resolve()} ({'writable' if oks else 'NOT writable'})"
     if not config:
         facts["config"] = "not read: see the problem below"
@@ -154,13 +141,8 @@ def doctor(args: list[str]) -> int:
         logger = trainer.get("logger")
         if not isinstance(logger, list):
             logger = [{"class_path": "TensorBoardLogger"} if logger is True else logger] if logger else []
-        loggers = list(dict.fromkeys(str(e.get("class_path", "?")).rsplit(".", 1)[-1] for e in logger))
+        loggers = dict.fromkeys(str(e.get("class_path")).rsplit(".", 1)[-1] for e in logger)
         facts["loggers"] = ", ".join(loggers) or "none"
-        if "WandbLogger" in loggers:
-            from project.loggers import wandb_key_configured
-
-            online = "online" if wandb_key_configured() else "offline (no API key)"
-            facts["W&B"] = os.environ.get("WANDB_MODE") or online
         facts["data"], problem = check_data(data)
         if problem:
             stops.append(problem)
@@ -172,13 +154,11 @@ def doctor(args: list[str]) -> int:
 
     if built and driver_cuda and Version(driver_cuda) < Version(built):
         notes.append(
-            f"the driver supports CUDA {driver_cuda} but torch was built for {built}. fix: update the NVIDIA "
-            "driver, or install a torch build for CUDA <= the driver's."
+            f"the driver supports CUDA {driver_cuda}, torch was built for {built}. fix: update the driver."
         )
     if (accel := str(trainer.get("accelerator", "auto"))) in ("gpu", "cuda") and not cuda:
         stops.append(
-            f"trainer.accelerator is '{accel}' but no CUDA GPU is usable. fix: --trainer.accelerator auto (falls "
-            "back to CPU), or install a CUDA build of torch."
+            f"trainer.accelerator is '{accel}' but no CUDA GPU is usable. fix: --trainer.accelerator auto."
         )
     elif not cuda:
         why = "CPU-only torch" if not built else "no NVIDIA driver" if driver is None else "no GPU visible"
@@ -186,9 +166,7 @@ def doctor(args: list[str]) -> int:
     else:
         oks.insert(0, f"{gpus} CUDA GPU(s) usable.")
     if gpus > 1 and not nccl:
-        notes.append(
-            "several GPUs but no NCCL: DDP would be slow or fail. fix: install a CUDA torch with NCCL."
-        )
+        notes.append("several GPUs but no NCCL: DDP would be slow or fail. fix: install torch with NCCL.")
     verdict = f"{len(stops)} problem(s) would stop `make train`." if stops else "ready for `make train`."
     print(*(f"ok: {t}" for t in oks), *(f"problem (training still starts): {t}" for t in notes), sep="\n")
     print(*(f"problem: {t}" for t in stops), f"doctor: {verdict}", sep="\n")

@@ -1,40 +1,26 @@
-"""`python -m project export --ckpt_path X`: ONNX + torch.export programs, each checked against eager PyTorch.
+"""`python -m project export --ckpt_path X`: model.onnx and model.pt2 (torch.export), each checked against eager
+PyTorch, plus preprocessing.json."""
 
-Writes into <out_dir>: model.onnx (dynamic batch axis), model.pt2 (torch.export; model.ts, a TorchScript trace,
-when torch.export cannot trace the model, and model.onnx then comes from that trace) and preprocessing.json.
-The real test batches of the check come from the run's own data module, rebuilt from the hyperparameters it
-saved or else from its run's config.yaml: that step (--check_batches 0 skips it) imports Lightning.
-"""
-
-import io
 import json
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import yaml
 from torch import Tensor, nn
 
 from project.atomic import atomic_write, write_text_atomic
-from project.checkpoint import check_class_paths, read_checkpoint
+from project.checkpoint import read_checkpoint
 from project.errors import ConfigError
 from project.inference import load_model, preprocessing_of
 from project.run_dir import checkpoint_run
 
 TOLERANCE = 1e-4  # max abs logit difference accepted between an exported program and eager PyTorch
-STEPS = {  # preprocessing.json: how to make an input of an image, and what comes out
-    "pixel_scale": "resize the 8-bit pixels to input_shape[1:] (bilinear, antialiased, as 8-bit), divide by 255, "
-    "then (x - mean) / std per channel",
-    "output": "logits; softmax gives class probabilities in class_names order",
-}
 
 
 def export(
     ckpt_path: str,
     out_dir: str | None = None,
     opset: int = 18,
-    check_batches: int = 1,
     allow_class: list[str] | str | None = None,
 ) -> Path:
     """Export a trained checkpoint for deployment and verify the exported programs.
@@ -43,70 +29,44 @@ def export(
         ckpt_path: a checkpoint written by `make train`, e.g. runs/<run>/checkpoints/last.ckpt.
         out_dir: where to write the files; default <run dir>/export.
         opset: ONNX opset version.
-        check_batches: how many test-split batches (real inputs) to compare on, besides random inputs.
         allow_class: classes or module prefixes (my_models.TinyMLP, my_models; a list: '[a, b]') the checkpoint may
             name besides project, torchvision.models, torch.nn and torch.optim: their code runs, trust it.
     """
     checkpoint = read_checkpoint(ckpt_path)
     prep = preprocessing_of(checkpoint, ckpt_path)
-    model = load_model(checkpoint, ckpt_path, allow_class)  # eval mode: no dropout, BatchNorm's running stats
-    data = _data_hparams(checkpoint, ckpt_path)
-    check_class_paths(data, allow_class, ckpt_path, dotted_strings=True)  # before anything is written
+    model = load_model(checkpoint, ckpt_path, allow_class)
     out = Path(out_dir) if out_dir else (checkpoint_run(ckpt_path) or Path(".")) / "export"
-    out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
-    inputs = {f"random batch of {n}": torch.randn(n, *prep.input_shape, generator=gen) for n in (1, 5)}
-    inputs |= _real_batches(data, check_batches)
-    example = inputs["random batch of 5"][:2]  # traced with batch 2, checked on others: the axis is dynamic
-    steps = {"color": "grayscale" if prep.input_shape[0] == 1 else "RGB", **STEPS}
-    write_text_atomic(out / "preprocessing.json", json.dumps(asdict(prep) | steps, indent=2) + "\n")
+    # N(0, 1): the range of normalised inputs; traced with batch 2, checked on others: the axis is dynamic
+    inputs = {f"random batch of {n}": torch.randn(n, *prep.input_shape, generator=gen) for n in (1, 5, 64)}
+    example = inputs["random batch of 5"][:2]
     try:
         batch = torch.export.Dim("batch", min=1, max=4096)
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
-        path, save, load = out / "model.pt2", torch.export.save, lambda p: torch.export.load(p).module()
-    except Exception as err:  # noqa: BLE001 - any tracing failure means: fall back
-        first = (str(err).strip().splitlines() or [""])[0][:200]  # its full text is pages of hints
-        print(
-            f"torch.export failed ({type(err).__name__}: {first}); falling back to TorchScript.", flush=True
-        )
-        with torch.no_grad():
-            program = torch.jit.trace(model, example)
-        path, save, load = out / "model.ts", torch.jit.save, torch.jit.load
-    with atomic_write(path, "wb") as f:
-        save(program, f)
+        names = {"input_names": ["images"], "output_names": ["logits"], "opset_version": opset}
+        onnx = torch.onnx.export(program, (example,), **names, dynamo=True)
+    except ImportError as err:
+        raise ConfigError(f"ONNX export needs: pip install -e '.[export]' ({err}).") from err
+    except Exception as err:  # noqa: BLE001 - its full text is pages of hints: the first line names the cause
+        raise ConfigError(
+            f"Exporting {type(model).__name__} failed ({type(err).__name__}: "
+            f"{(str(err).strip().splitlines() or [''])[0][:200]}). Data-dependent Python control flow is the usual "
+            "cause: rewrite it with torch.where / torch.cond, or deploy the checkpoint with PyTorch."
+        ) from err
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "preprocessing.json", json.dumps(asdict(prep), indent=2) + "\n")
+    with atomic_write(out / "model.pt2", "wb") as f:
+        torch.export.save(program, f)
     with atomic_write(out / "model.onnx", "wb") as f:
-        f.write(_onnx(program, example, opset))
+        f.write(onnx.model_proto.SerializeToString())
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-
-    def onnx(x: Tensor) -> Tensor:
-        return torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
-
-    _check("ONNX (onnxruntime)", onnx, model, inputs)
-    _check(path.name, load(str(path)), model, inputs)
-    print(f"Exported to {out}/: model.onnx, {path.name}, preprocessing.json", flush=True)
+    onnx_run = lambda x: torch.from_numpy(session.run(None, {"images": x.numpy()})[0])  # noqa: E731
+    _check("ONNX (onnxruntime)", onnx_run, model, inputs)
+    _check("model.pt2", torch.export.load(out / "model.pt2").module(), model, inputs)
+    print(f"Exported to {out}/: model.onnx, model.pt2, preprocessing.json", flush=True)
     return out
-
-
-def _onnx(program, example: Tensor, opset: int) -> bytes:
-    """The ExportedProgram through torch's dynamo exporter (it needs onnxscript), or the trace through its
-    TorchScript exporter: deprecated, but the only route left from a trace (torch.export failed on the model)."""
-    names = {"input_names": ["images"], "output_names": ["logits"], "opset_version": opset}
-    try:
-        if isinstance(program, torch.export.ExportedProgram):  # carries its dynamic batch already
-            return torch.onnx.export(
-                program, (example,), **names, dynamo=True
-            ).model_proto.SerializeToString()
-        buffer, axes = io.BytesIO(), {"images": {0: "batch"}, "logits": {0: "batch"}}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(program, (example,), buffer, **names, dynamic_axes=axes, dynamo=False)
-        return buffer.getvalue()
-    except ImportError as err:
-        raise ConfigError(
-            f"ONNX export needs the export extras: pip install -e '.[export]' ({err})."
-        ) from err
 
 
 def _check(name: str, run, model: nn.Module, inputs: dict[str, Tensor]) -> None:
@@ -120,47 +80,6 @@ def _check(name: str, run, model: nn.Module, inputs: dict[str, Tensor]) -> None:
                 "The exported program is not faithful: check the model for data-dependent control flow or "
                 "train-mode layers."
             )
-
-
-def _data_hparams(checkpoint: dict, ckpt_path: str) -> dict:
-    """How to rebuild the run's data module: the hyperparameters it saved, or for a data module that saves none,
-    the data section of its run's config.yaml (LightningCLI writes one for every run)."""
-    hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
-    hparams.pop("_instantiator", None)
-    run = checkpoint_run(ckpt_path)
-    if "_class_path" not in hparams and run is not None and (run / "config.yaml").is_file():
-        data = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("data") or {}
-        if "class_path" in data:
-            hparams = {"_class_path": data["class_path"], **(data.get("init_args") or {})}
-    return hparams
-
-
-def _real_batches(hparams: dict, n: int) -> dict[str, Tensor]:
-    """Up to n batches of the run's test split as the model sees them in training (class paths checked already)."""
-    if n <= 0:
-        return {}
-    if "_class_path" not in hparams:
-        print(
-            "  (no real inputs: neither the checkpoint (its data module's save_hyperparameters()) nor a "
-            "runs/<run>/config.yaml above it says how to rebuild the data module)",
-            flush=True,
-        )
-        return {}
-    import lightning as L
-    from lightning.pytorch.cli import instantiate_module
-
-    try:
-        data = instantiate_module(L.LightningDataModule, hparams)
-        data.setup("test")
-        loader = data.test_dataloader()
-    except Exception as err:  # noqa: BLE001 - the data may live elsewhere; random inputs still check
-        print(f"  (no real inputs: the training data is not available here: {err})", flush=True)
-        return {}
-    batches = {}
-    for i, batch in zip(range(n), loader):
-        x, _ = data.on_after_batch_transfer(batch, 0)  # ImageFolder batches are normalised in this hook
-        batches[f"test batch {i} ({len(x)} images)"] = x
-    return batches
 
 
 def main(args: list[str]) -> None:

@@ -1,11 +1,9 @@
 """FinetuneModule: transfer learning from a pretrained classifier (configs/finetune.yaml).
 
-Not Lightning's BaseFinetuning/BackboneFinetuning (tests/test_finetune.py checks both reasons still hold): it
-freezes BatchNorm with `track_running_stats=False`, which in train mode normalises with each batch's statistics
-instead of the pretrained ones; and it unfreezes by adding a parameter group, which a per-step scheduler built
-before then fails on. Here every parameter is in the optimizer from the start (frozen ones get no gradient, so
-the optimizer skips them, weight decay included), and unfreezing only flips `requires_grad`.
-"""
+Not Lightning's BackboneFinetuning (tests/test_finetune.py checks both reasons): its frozen BatchNorm normalises
+with each batch's statistics, and it unfreezes by adding a parameter group, which a per-step scheduler fails on.
+Here every parameter is in the optimizer from the start (frozen ones get no gradient, so it skips them) and
+unfreezing flips `requires_grad`."""
 
 from torch import nn
 

@@ -16,14 +16,13 @@ from project.checkpoint import check_class_paths, instantiate
 from project.data.normalize import normalize, resize
 from project.errors import ConfigError
 
+# All that predict and export read of the data module, from its state_dict() in the checkpoint (docs/data.md).
+CONTRACT = ("class_names", "input_shape", "mean", "std")
+
 
 @dataclass
 class Preprocessing:
-    """What the data module saved: enough to turn an image file into the model input of evaluation.
-
-    Training's own functions (project/data/normalize.py: resize in the pixels' type, then normalise), so the
-    inputs are training's evaluation inputs, bit for bit, without importing torchvision (~1.4 s).
-    """
+    """The data module's saved state: an image -> training's evaluation input, by training's own functions."""
 
     class_names: list[str]
     mean: list[float]
@@ -32,25 +31,17 @@ class Preprocessing:
 
     def image(self, image) -> Tensor:
         """A PIL image, converted to the checkpoint's grey or RGB -> the normalised (C, H, W) float32 input."""
-        image = image.convert("L" if self.input_shape[0] == 1 else "RGB")
-        pixels = torch.from_numpy(np.array(image))
-        # (C, H, W) as a view of the (H, W, C) pixels, the layout torchvision's pil_to_tensor gives resize
-        return self.tensor(pixels.view(image.size[1], image.size[0], -1).permute(2, 0, 1))
+        pixels = torch.from_numpy(np.array(image.convert("L" if self.input_shape[0] == 1 else "RGB")))
+        return self.tensor(pixels.view(*pixels.shape[:2], -1).permute(2, 0, 1))  # (H, W, C) -> (C, H, W)
 
     def tensor(self, x: Tensor) -> Tensor:
         """A (C, H, W) image (uint8, or float in [0, 1]) -> the normalised float32 model input."""
-        x = resize(x, self.input_shape[1:])
         mean, std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (self.mean, self.std))
-        return normalize(x, mean, std)
-
-
-# The predict/export contract (docs/data.md "Predict and export"): all that predict and export read of the data
-# module, from its state_dict() in the checkpoint.
-CONTRACT = ("class_names", "input_shape", "mean", "std")
+        return normalize(resize(x, self.input_shape[1:]), mean, std)
 
 
 def contract_gaps(data) -> list[str]:
-    """The CONTRACT keys that a data module's state_dict() (or that state itself) lacks or leaves None."""
+    """The CONTRACT keys that a data module's state_dict() (or that state) lacks or leaves None."""
     state = data.state_dict() if hasattr(data, "state_dict") else data
     return [k for k in CONTRACT if not isinstance(state, dict) or state.get(k) is None]
 
@@ -62,20 +53,18 @@ def preprocessing_of(checkpoint: dict, path: str | os.PathLike = "checkpoint") -
     if state.get("dataset") and state.get("mean") is None:
         raise ConfigError(
             f"'{path}' was trained on {state['dataset']} (a DatasetDataModule), not on images: `predict` and "
-            "`export` take checkpoints of image classifiers only, as they turn image files into the model's input "
-            "and know nothing of your dataset or its collate_fn. To evaluate it on its test split: python -m "
-            "project test --config <the config you trained with, e.g. configs/sequence.yaml> --ckpt_path "
-            f"{path}. To run it on your own inputs, load it in Python: module = project.inference.build_model("
-            "project.checkpoint.read_checkpoint(p), p) with p the checkpoint path, then module(inputs) with "
-            'inputs as your collate_fn makes them (README "Any Dataset").'
+            "`export` take checkpoints of image classifiers only, as they turn image files into the model's input. "
+            "To evaluate it on its test split: python -m project test --config <the config you trained with, e.g. "
+            f"configs/sequence.yaml> --ckpt_path {path}. On your own inputs, in Python: module = project.inference."
+            "build_model(project.checkpoint.read_checkpoint(p), p), then module(inputs) with inputs as your "
+            'collate_fn makes them (README "Any Dataset").'
         )
     if gaps := contract_gaps(state):
         data = (checkpoint.get("datamodule_hyper_parameters") or {}).get("_class_path") or key
         raise ConfigError(
-            f"'{path}' lacks {', '.join(gaps)} in its data module's state, which predict and export read: "
-            f"{f'the data module ({data})' if data else 'the data module'} must return class_names (list of "
-            "str), input_shape ((C, H, W)), mean and std (per channel, the normalisation applied to pixels in "
-            '[0, 1]) from state_dict() (docs/data.md "Predict and export"), e.g.\n'
+            f"'{path}' lacks {', '.join(gaps)} in its data module's state, which predict and export read: the data "
+            f"module{f' ({data})' if data else ''} must return class_names, input_shape ((C, H, W)), mean and std "
+            '(per channel, for pixels in [0, 1]) from state_dict() (docs/data.md "Predict and export"), e.g.\n'
             "    def state_dict(self):\n"
             '        return {"class_names": self.class_names, "input_shape": [3, 32, 32],\n'
             '                "mean": [0.49, 0.48, 0.45], "std": [0.25, 0.24, 0.26]}\n'
@@ -102,14 +91,12 @@ def _module_hparams(checkpoint: dict, path, allow, dotted_strings: bool = False)
 
 
 def load_model(checkpoint: dict, path: str | os.PathLike = "checkpoint", allow=()) -> nn.Module:
-    """The trained nn.Module (the LightningModule's `model`) in eval mode, on the CPU, built without Lightning.
-
-    Every class path stored is checked, the optimizer's too; `allow` (--allow_class) adds trusted ones.
-    """
+    """The trained nn.Module (the LightningModule's `model`) in eval mode, on the CPU, built without Lightning."""
     model = instantiate(_module_hparams(checkpoint, path, allow)["model"], allow)
-    state = {k[6:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
     try:
-        model.load_state_dict(state)
+        model.load_state_dict(
+            {k[6:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+        )
     except RuntimeError as err:
         raise ConfigError(
             f"'{path}': the weights do not fit the model its hyperparameters describe "
@@ -120,10 +107,8 @@ def load_model(checkpoint: dict, path: str | os.PathLike = "checkpoint", allow=(
 
 
 def build_model(checkpoint: dict, path: str | os.PathLike = "checkpoint", allow=()):
-    """The whole LightningModule in eval mode, rebuilt by Lightning's instantiate_module (so it imports Lightning).
-
-    Every string jsonargparse could import is checked first, not only the class paths.
-    """
+    """The whole LightningModule in eval mode, rebuilt by Lightning's instantiate_module after every string
+    jsonargparse could import is checked, not only the class paths."""
     hparams = _module_hparams(checkpoint, path, allow, dotted_strings=True)
     import lightning as L
     from lightning.pytorch.cli import instantiate_module

@@ -1,5 +1,4 @@
-"""ClassificationModule: any classifier `nn.Module`, CrossEntropy, metrics, and the configured optimizer and
-schedule (project/optim.py)."""
+"""ClassificationModule: any classifier `nn.Module`, CrossEntropy, metrics, optimizer and schedule (optim.py)."""
 
 from typing import Literal
 
@@ -14,22 +13,21 @@ from project import optim
 from project.errors import ConfigError
 from project.versions import built_by_cli
 
-# A batch's inputs from the collate_fn: images (B, C, H, W), or a tensor, tuple/list or dict of model arguments.
-Inputs = Tensor | tuple | list | dict
+Inputs = Tensor | tuple | list | dict  # images (B, C, H, W), or the model's arguments from a collate_fn
 
 
 class ClassificationModule(L.LightningModule):
     """Trains `model` to classify images (or any inputs: docs/data.md).
 
     Args:
-        model: any `nn.Module` mapping a (B, C, H, W) float batch to (B, num_classes) raw logits. Tuple or list
-            inputs are passed as model(*inputs), dict inputs as model(**inputs).
+        model: any `nn.Module` mapping a (B, C, H, W) float batch (or tuple/list: model(*x), dict: model(**x)) to
+            (B, num_classes) raw logits.
         num_classes: number of classes; linked from the data module by the CLI.
         input_shape: (C, H, W) of one input, used to check the model's output size before training; None skips it.
         optimizer: any torch optimizer, called with the parameter groups. Its `lr` is the peak learning rate, its
             `weight_decay` applies to `decay` only; Adam/AdamW run fused where they can, unless `fused: false`.
-        scheduler: the learning-rate schedule, stepped every optimizer step (ReduceLROnPlateau: every epoch, on
-            the checkpoint's monitor, `--monitor`: val/loss); null keeps the lr constant. Default: project.optim.WarmupCosine.
+        scheduler: the lr schedule, stepped every optimizer step (ReduceLROnPlateau: every epoch, on the
+            checkpoint's monitor); null keeps the lr constant.
         label_smoothing: CrossEntropy label smoothing.
         lr_scaling: `none` keeps every group's lr; `linear` multiplies it by the world size (devices x nodes).
         compile: compile the model in place (`nn.Module.compile()`); checkpoints keep plain `model.*` keys.
@@ -49,30 +47,27 @@ class ClassificationModule(L.LightningModule):
         channels_last: bool = False,
     ) -> None:
         super().__init__()
-        # The CLI saves model, optimizer and scheduler as class_path + init_args, so load_from_checkpoint rebuilds
-        # them; outside it, pickled objects would make the checkpoint unloadable with weights_only=True.
+        # Outside the CLI (which saves class_path + init_args) they would be pickled objects: not weights_only.
         self.save_hyperparameters(ignore=None if built_by_cli() else ["model", "optimizer", "scheduler"])
         self.model, self.num_classes, self.channels_last = model, num_classes, channels_last
         self.optimizer, self.scheduler, self.lr_scaling = optimizer, scheduler, lr_scaling
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         if input_shape is not None:
             check_output_shape(model, tuple(input_shape), num_classes)
-        # Here, before the strategy wraps the model in DDP, whose gradient buckets follow the parameters' storage
-        # then: converted later, a 2-process run no longer matched the one-process run (tests/test_ddp.py).
+        # Before DDP wraps the model: its gradient buckets follow the parameters' storage at that time.
         if channels_last:
             model.to(memory_format=torch.channels_last)
         if compile:
-            model.compile()  # in place, lazily (dynamo traces on the first forward): state_dict keys stay plain
+            model.compile()  # in place: state_dict keys stay plain
         accuracy = {"acc": MulticlassAccuracy(num_classes, average="micro")}
         if num_classes > 5:
             accuracy["acc_top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
         self.val_metrics = MetricCollection(accuracy, prefix="val/", compute_groups=False)
         self.test_metrics = self.val_metrics.clone(prefix="test/")
         self.val_loss, self.test_loss, self.val_acc_best = MeanMetric(), MeanMetric(), MaxMetric()
-        # Training loss (mean of the steps') and accuracy (correct / samples): summed on the device each step (a
-        # torchmetrics update per step costs many times more), folded into these at the epoch's end, where Lightning
-        # syncs them. The sums: a plain tensor, not a buffer, which DDP would broadcast at every forward; steps and
-        # samples: Python ints (no host sync); one dict: one nn.Module attribute write per step, not three.
+        # Training loss and accuracy: summed on the device each step (a torchmetrics update per step costs many
+        # times more), folded into these metrics at the epoch's end, where Lightning syncs them. A plain tensor,
+        # not a buffer (DDP would broadcast it every forward); counts as Python ints (no host sync).
         self.train_loss, self.train_acc = MeanMetric(nan_strategy="disable"), MeanMetric()
         self._train = {"sums": None, "steps": 0, "samples": 0}
 
@@ -82,8 +77,7 @@ class ClassificationModule(L.LightningModule):
         return self.model(**x) if isinstance(x, dict) else self.model(*x)
 
     def setup(self, stage: str) -> None:
-        # A data module that checked every label once (project/data/validate.py) spares torchmetrics' per-batch
-        # check; CrossEntropy still raises on labels outside [0, num_classes) other than its ignore_index, -100.
+        # Labels checked once by the data module (data/validate.py) spare torchmetrics' per-batch check.
         datamodule = getattr(optim.attached_trainer(self), "datamodule", None)
         for metric in self.modules():
             if isinstance(metric, MulticlassAccuracy):
@@ -99,12 +93,10 @@ class ClassificationModule(L.LightningModule):
 
     def training_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
         loss, logits, y = self._shared_step(batch)
-        train = self._train
-        # detached: no graph for the sums; no `torch.no_grad()`, a context per step
+        t = self._train
         sums = torch.stack((loss.detach(), (logits.argmax(dim=1) == y).sum().to(loss.dtype)))
-        train["sums"] = sums if train["sums"] is None else train["sums"].add_(sums)
-        train["steps"] += 1
-        train["samples"] += y.numel()
+        t["sums"] = sums if t["sums"] is None else t["sums"].add_(sums)
+        t["steps"], t["samples"] = t["steps"] + 1, t["samples"] + y.numel()
         return loss
 
     def on_train_epoch_end(self) -> None:
@@ -120,13 +112,13 @@ class ClassificationModule(L.LightningModule):
         self._evaluate(batch, self.val_loss, self.val_metrics)
 
     def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking:  # the untrained model: not logged, epoch 0 shows no stale val/acc
+        if self.trainer.sanity_checking:  # the untrained model's metrics are not logged
             self.val_loss.reset()
             self.val_metrics.reset()
             return
         self.val_acc_best.update(self.val_metrics["acc"].compute())
         self.log_dict({"val/loss": self.val_loss, **self.val_metrics}, prog_bar=True)
-        # Same value on every rank (from synced val/acc); sync_dist only silences the DDP warning.
+        # sync_dist only silences the DDP warning: the value is the same on every rank
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
     def test_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
@@ -143,8 +135,7 @@ class ClassificationModule(L.LightningModule):
         return logits
 
     def param_groups(self) -> list[dict]:
-        """`decay` (weights) and `no_decay` (1-D: biases, norm scales), named for LearningRateMonitor's
-        `lr-<Optimizer>/<name>`; a group without `weight_decay` or `lr` takes the optimizer's."""
+        """`decay` and `no_decay` groups, named for LearningRateMonitor's `lr-<Optimizer>/<name>`."""
         return decay_split([p for p in self.model.parameters() if p.requires_grad], "decay", "no_decay")
 
     def configure_optimizers(self) -> dict:
@@ -152,8 +143,7 @@ class ClassificationModule(L.LightningModule):
         return optim.configure(self, self.param_groups(), world_size if self.lr_scaling == "linear" else 1)
 
     def scaled_lr(self, world_size: int = 1) -> float:
-        """The configured peak lr (that of an optimizer built on a stand-in parameter), times `world_size` under
-        `lr_scaling: linear`: what the CLI prints for DDP."""
+        """The configured peak lr, times `world_size` under `lr_scaling: linear` (the CLI prints it for DDP)."""
         lr = self.optimizer([nn.Parameter(torch.zeros(1))]).defaults["lr"]
         return lr * (world_size if self.lr_scaling == "linear" else 1)
 
@@ -162,7 +152,8 @@ class ClassificationModule(L.LightningModule):
 
 
 def decay_split(params: list, decay: str, no_decay: str, **extra) -> list[dict]:
-    """Groups `decay` (weights) and `no_decay` (1-D: biases, norm scales, which decaying only hurts)."""
+    """Groups `decay` (weights) and `no_decay` (1-D: biases, norm scales, which decaying only hurts); a group
+    without `weight_decay` or `lr` takes the optimizer's."""
     return [
         {"name": decay, "params": [p for p in params if p.ndim > 1], **extra},
         {"name": no_decay, "params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0, **extra},
@@ -171,24 +162,22 @@ def decay_split(params: list, decay: str, no_decay: str, **extra) -> list[dict]:
 
 def check_output_shape(model: nn.Module, input_shape: tuple[int, ...], num_classes: int) -> None:
     """Fail before training, in one paragraph, when the model's head does not match the data's classes."""
-    was_training = model.training
+    was_training, name = model.training, type(model).__name__
     model.eval()  # a dry run must not touch BatchNorm running statistics
     try:
         with torch.no_grad():
             out = model(torch.zeros(2, *input_shape, device=next(model.parameters(), torch.zeros(0)).device))
     except Exception as err:
         raise ConfigError(
-            f"The model {type(model).__name__} failed on a dummy batch of shape (2, {', '.join(map(str, input_shape))}), "
-            f"the data module's input shape: {type(err).__name__}: {err}. "
-            "Check the model's in_channels and expected image size against the data."
+            f"The model {name} failed on a dummy batch of shape (2, {', '.join(map(str, input_shape))}), the data's "
+            f"input shape: {type(err).__name__}: {err}. Check its in_channels and image size against the data."
         ) from err
     finally:
         model.train(was_training)
     if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] != num_classes:
-        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ConfigError(
-            f"The model {type(model).__name__} returns outputs of shape {shape}, but the data has "
-            f"{num_classes} classes, so (batch, {num_classes}) was expected. Give the model a `num_classes` "
-            "constructor argument (the CLI fills it in from the data), or set its head size to match: "
+            f"The model {name} returns outputs of shape {tuple(getattr(out, 'shape', ())) or type(out).__name__}, "
+            f"but the data has {num_classes} classes, so (batch, {num_classes}) was expected. Give the model a "
+            "`num_classes` argument (the CLI fills it in from the data), or set its head size to match: "
             "--model.init_args.model.init_args.num_classes."
         )

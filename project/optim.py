@@ -1,5 +1,4 @@
-"""A module's optimizer and schedule: the configured optimizer on its parameter groups (torch's fused Adam/AdamW
-kernel where it applies), its lr scaled for DDP, and `WarmupCosine` (the default) or any torch scheduler."""
+"""A module's optimizer (fused Adam/AdamW where it applies, lr scaled for DDP) and schedule (`WarmupCosine`)."""
 
 import inspect
 import math
@@ -20,14 +19,13 @@ def attached_trainer(module: L.LightningModule) -> "L.Trainer | None":
 
 
 def configure(module: L.LightningModule, groups: list[dict], lr_scale: int = 1) -> dict:
-    """`module.optimizer` on `groups`, every lr times `lr_scale`, and `module.scheduler` on it: stepped every
-    optimizer step, except ReduceLROnPlateau, stepped every epoch on the checkpoint's monitor."""
+    """`module.optimizer` on `groups`, every lr times `lr_scale`, and `module.scheduler`, stepped every optimizer
+    step (ReduceLROnPlateau: every epoch, on the checkpoint's monitor)."""
     trainer = attached_trainer(module)
     built = module.optimizer([dict(g) for g in groups])  # copies: it fills its defaults into them
     d, params = built.defaults, [p for g in built.param_groups for p in g["params"]]
-    # Adam/AdamW with `fused` unset: one kernel for all parameters instead of a loop over them, where each one allows
-    # it. Not when the Trainer clips under mixed precision: Lightning refuses to clip for an optimizer that unscales
-    # gradients inside its step, as the fused one does.
+    # Adam/AdamW with `fused` unset: one kernel for all parameters. Not when the Trainer clips under mixed
+    # precision: Lightning refuses to clip for an optimizer that unscales inside its step, as the fused one does.
     clips_under_amp = bool(getattr(trainer, "gradient_clip_val", None)) and isinstance(
         getattr(trainer, "precision_plugin", None), MixedPrecision
     )
@@ -52,8 +50,8 @@ def configure(module: L.LightningModule, groups: list[dict], lr_scale: int = 1) 
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0) -> float:
-    """The factor on the peak lr at optimizer step `step` (0-based): linear warmup to 1.0 over `warmup_steps`
-    (step 0 already trains, at 1/warmup_steps), then a half cosine down to `min_lr_ratio` at `total_steps`."""
+    """The factor on the peak lr at optimizer step `step` (0-based): linear warmup to 1.0 (step 0 already trains)
+    then a half cosine down to `min_lr_ratio` at `total_steps`."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
@@ -63,10 +61,9 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
 class WarmupCosine(LambdaLR):
     """Linear warmup, then a half cosine down to `min_lr_ratio` x each group's peak lr (its lr when built).
 
-    Its length is set by `start`, from a module's `on_train_start` (`start_schedules`); until then the factor is 0.
-    Not when it is built: Lightning builds schedulers before a resumed run's checkpoint is restored, and asking for
-    `estimated_stepping_batches` there sets up the train loader early, losing the loader position restored from the
-    checkpoint (github.com/Lightning-AI/pytorch-lightning/issues/20550).
+    Its length is set in `on_train_start` (`start_schedules`), not when built: Lightning builds schedulers before
+    a resume restores the loader, and `estimated_stepping_batches` there would lose the restored position
+    (github.com/Lightning-AI/pytorch-lightning/issues/20550).
 
     Args:
         optimizer: the optimizer whose groups it schedules (LightningCLI passes it: `LRSchedulerCallable`).
@@ -94,7 +91,7 @@ class WarmupCosine(LambdaLR):
 
 
 def start_schedules(trainer: L.Trainer) -> None:
-    """`start` every WarmupCosine of the Trainer; the train loader is set up (and restored, on resume) by now."""
+    """`start` every WarmupCosine of the Trainer: its train loader is set up (and restored) by now."""
     for config in trainer.lr_scheduler_configs:
         if isinstance(config.scheduler, WarmupCosine):
             config.scheduler.start(int(trainer.estimated_stepping_batches), trainer.max_epochs)

@@ -1,8 +1,7 @@
 """`python -m project predict --ckpt_path X --input <image or folder>`: class predictions as a CSV.
 
-Instead of LightningCLI's `predict`, which needs a Trainer and a predict dataloader: classes, input size and
-normalisation come from the checkpoint, so no config is needed, and neither Lightning nor torchvision is imported.
-"""
+Not LightningCLI's `predict`, which needs a config, a Trainer and a predict dataloader: all it reads comes from
+the checkpoint, and neither Lightning nor torchvision is imported."""
 
 import csv
 import sys
@@ -41,14 +40,11 @@ def predict(
     """
     source = Path(input)
     if not source.exists():
-        raise ConfigError(
-            f"--input '{input}' does not exist. Pass an image file or a folder of images (INPUT=...)."
-        )
+        raise ConfigError(f"--input '{input}' does not exist. Pass an image file or a folder (INPUT=...).")
     files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
     checkpoint = read_checkpoint(ckpt_path)
     prep = preprocessing_of(checkpoint, ckpt_path)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     model = load_model(checkpoint, ckpt_path, allow_class).to(device)
     k = max(1, min(top_k, len(prep.class_names)))
     rows, skipped = [], []
@@ -59,10 +55,7 @@ def predict(
                 with Image.open(f) as im:
                     batch.append(prep.image(im))
                 paths.append(f)
-            except (
-                OSError,
-                ValueError,
-            ) as err:  # not an image (UnidentifiedImageError), truncated, unreadable
+            except (OSError, ValueError) as err:  # not an image (UnidentifiedImageError), truncated
                 skipped.append(f"  {f}  ({type(err).__name__}: {err})")
         if batch:
             with torch.inference_mode():
@@ -70,19 +63,13 @@ def predict(
             for f, ps, idx in zip(paths, *(t.tolist() for t in probs.topk(k, dim=-1)), strict=True):
                 top = ";".join(f"{prep.class_names[i]}:{p:.4f}" for i, p in zip(idx, ps, strict=True))
                 rows.append([str(f), prep.class_names[idx[0]], f"{ps[0]:.6f}", top])
-
     out = Path(output) if output else (checkpoint_run(ckpt_path) or Path(".")) / "predictions.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(out, "w", newline="") as fh:
         csv.writer(fh).writerows([["path", "class", "probability", f"top{k}"], *rows])
     print(f"Predicted {len(rows)} image(s) -> {out}", flush=True)
     if skipped:
-        print(
-            f"Skipped {len(skipped)} file(s) that are not readable images:",
-            *skipped,
-            sep="\n",
-            file=sys.stderr,
-        )
+        print(f"Skipped {len(skipped)} file(s), not readable images:", *skipped, sep="\n", file=sys.stderr)
     if not rows:
         raise ConfigError(
             f"No readable image under '{input}'; nothing was predicted. Point INPUT at image files."

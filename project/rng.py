@@ -8,15 +8,14 @@ import torch
 
 
 def run_seed() -> int:
-    """The run's seed: `seed_everything`'s, which Lightning keeps only in PL_GLOBAL_SEED (DDP processes inherit
-    it); without it (`seed_everything: false`, outside the CLI) torch's initial seed, the same on every rank."""
+    """`seed_everything`'s seed (Lightning keeps it only in PL_GLOBAL_SEED), else torch's initial seed."""
     seed = os.environ.get("PL_GLOBAL_SEED")
     return int(seed) if seed is not None else torch.initial_seed()
 
 
 def mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers, e.g. (run seed, epoch) or (run seed, epoch, batch, rank): a function of the
-    integers only (no global RNG, no process state), so a resumed process or another rank recomputes the stream."""
+    """A 63-bit seed from integers, e.g. (run seed, epoch, batch, rank), and nothing else: a resumed process or
+    another rank recomputes the stream."""
     h = 0x9E3779B97F4A7C15
     for p in parts:
         h = ((h ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
@@ -25,8 +24,8 @@ def mix_seed(*parts: int) -> int:
 
 
 def capture_rng_states() -> dict:
-    """python, numpy, torch CPU and every CUDA device's generator states, in types `torch.load(weights_only=True)`
-    accepts (numpy's key array travels as a tensor). Lightning's checkpoints hold no RNG state."""
+    """python, numpy, torch and CUDA generator states (Lightning's checkpoints hold none), in types that
+    `torch.load(weights_only=True)` accepts."""
     name, keys, *rest = np.random.get_state()
     numpy = [name, torch.from_numpy(keys.astype(np.int64)), *rest]
     states = {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state()}
@@ -36,7 +35,7 @@ def capture_rng_states() -> dict:
 
 
 def restore_rng_states(states: dict) -> None:
-    """Inverse of capture_rng_states. CUDA states are restored only when the device count matches."""
+    """Inverse of capture_rng_states; CUDA states only when the device count matches."""
     random.setstate(states["python"])
     name, keys, *rest = states["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))

@@ -137,21 +137,6 @@ def test_every_class_path_is_checked_before_import(run_dir, payload, tmp_path, m
     assert not marker.exists() and PAYLOAD not in sys.modules
 
 
-@pytest.mark.claim("checkpoint-names-no-code")
-def test_export_checks_the_data_module_too(run_dir, payload, tmp_path, monkeypatch):
-    """Export rebuilds the run's data module for its real test batches: held to the same list, before writing."""
-    from project.export import export
-
-    folder, marker = payload
-    monkeypatch.syspath_prepend(str(folder))
-    ckpt, _ = _crafted(
-        run_dir, tmp_path, lambda c: c["datamodule_hyper_parameters"].update(_class_path=f"{PAYLOAD}.Data")
-    )
-    with pytest.raises(ConfigError, match=f"--allow_class {PAYLOAD}.Data"):
-        export(str(ckpt), out_dir=str(tmp_path / "export"))
-    assert not marker.exists() and PAYLOAD not in sys.modules and not (tmp_path / "export").exists()
-
-
 def test_own_checkpoints_rebuild_without_flags(run_dir):
     """The allowlist covers what the template's own configs name (model, module, optimizer, schedule)."""
     checkpoint = read_checkpoint(run_dir / "checkpoints/last.ckpt")

@@ -67,10 +67,6 @@ def test_predict_and_export_do_not_import_the_training_stack(run_dir, tmp_path):
     assert _packages(predict, (*TRAINING_STACK, "torchvision")) == []
     assert (tmp_path / "p.csv").exists()
 
-    # Export's model and programs need none of it either; its real-batch check (--check_batches, on by default)
-    # rebuilds the run's LightningDataModule, which does import Lightning: switched off here.
-    export = _modules_at_exit(
-        ["export", "--ckpt_path", ckpt, "--out_dir", tmp_path / "export", "--check_batches", "0"], tmp_path
-    )
+    export = _modules_at_exit(["export", "--ckpt_path", ckpt, "--out_dir", tmp_path / "export"], tmp_path)
     assert _packages(export, TRAINING_STACK) == []
     assert (tmp_path / "export/model.onnx").exists()

@@ -6,9 +6,8 @@ from torch import Tensor, nn
 class SequenceClassifier(nn.Module):
     """A per-step Linear + ReLU, a GRU, and a linear head on the GRU's state at each sequence's last real step.
 
-    Padding needs no mask: the GRU runs forward in time, so its state at step `lengths - 1` has seen only that
-    sequence's own steps. Gathering that step (not `pack_padded_sequence`, which needs the lengths on the CPU)
-    keeps the step free of host synchronisation on a GPU.
+    Padding needs no mask: the forward GRU's state at `lengths - 1` has seen only real steps. Gathering it (not
+    `pack_padded_sequence`, which needs the lengths on the CPU) keeps the step free of host syncs.
 
     Args:
         num_classes: size of the output layer; linked from the data module by the CLI.
