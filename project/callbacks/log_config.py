@@ -8,7 +8,6 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
-from lightning.pytorch.utilities import rank_zero_warn
 
 from project.callbacks.run_checkpoint import staged
 from project.callbacks.run_summary import selected
@@ -16,10 +15,8 @@ from project.callbacks.run_summary import selected
 # Keys whose values never reach config.yaml or a logger (NeptuneLogger's or CometLogger's api_key, ...).
 SECRET_KEY = re.compile(r"(api_?key|token|secret|password|passwd|credential)", re.IGNORECASE)
 REDACTED = "<redacted: set it through the environment>"
-# Where this run writes, not how it trains: never a "changed" hyperparameter.
-LOCATION_KEY = re.compile(r"(^|\.)(run_dir|ckpt_path|default_root_dir|save_dir|dirpath)$")
 # The learning rate: the optimizer's (a LightningCLI OptimizerCallable), or the module's own `lr`.
-LR_KEYS = ("model.init_args.optimizer.init_args.lr", "model.init_args.lr")
+LR_KEYS = (("model", "init_args", "optimizer", "init_args", "lr"), ("model", "init_args", "lr"))
 
 
 def redact(value):
@@ -86,17 +83,7 @@ class LogConfig(SaveConfigCallback):
         path = getattr(self, "_path", None)
         if not trainer.is_global_zero or path is None or not path.is_file():
             return
-        try:  # configs/default.yaml's config as config.yaml holds it; unvalidated: this parser has the links of
-            # its own module class only (configs/autoencoder.yaml)
-            parser = self.parser
-            dump = parser.dump(
-                parser.get_defaults(skip_validation=True), skip_none=False, skip_validation=True
-            )
-            defaults = redact(yaml.safe_load(dump))
-        except Exception as err:  # a finished run must not fail over a column of the HPARAMS table
-            rank_zero_warn(f"HPARAMS: no changed keys listed, the default config could not be read ({err}).")
-            defaults = {}
-        params = key_hyperparameters(yaml.safe_load(path.read_text()), defaults, trainer, pl_module)
+        params = key_hyperparameters(yaml.safe_load(path.read_text()), trainer, pl_module)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 _write_hparams(logger.experiment, params, metrics, trainer.global_step)
@@ -119,43 +106,25 @@ def _write_hparams(experiment, params: dict, metrics: dict, step: int) -> None:
         writer.close()
 
 
-def key_hyperparameters(config: dict, defaults: dict, trainer, pl_module) -> dict:
-    """The hyperparameters runs are compared by: model class, lr, batch size, max_epochs, seed, precision, devices
-    and nodes under short names, then every other key that differs from `defaults`, under its dotted name."""
-    flat, flat_defaults = flatten(config), flatten(defaults)
+def key_hyperparameters(config: dict, trainer, pl_module) -> dict:
+    """The hyperparameters runs are compared by, under short names (TensorBoard's hparams take plain values)."""
     net = getattr(pl_module, "model", None)
-    lr_key = next((k for k in LR_KEYS if k in flat), None)
     optimizer = (getattr(trainer, "optimizers", None) or [None])[0]
+    lrs = [_get(config, *keys) for keys in LR_KEYS] + [getattr(optimizer, "defaults", {}).get("lr")]
     key = {
         "model": type(net if net is not None else pl_module).__name__,
-        "lr": flat[lr_key] if lr_key else getattr(optimizer, "defaults", {}).get("lr"),
-        "batch_size": flat.get("data.init_args.batch_size"),
+        "lr": next((lr for lr in lrs if lr is not None), None),
+        "batch_size": _get(config, "data", "init_args", "batch_size"),
         "max_epochs": trainer.max_epochs,
-        "seed": flat.get("seed_everything"),
+        "seed": config.get("seed_everything"),
         "precision": str(trainer.precision),
         "devices": trainer.num_devices,
         "nodes": trainer.num_nodes,
     }
-    shown = {lr_key, "data.init_args.batch_size", "seed_everything", "model.init_args.model.class_path"}
-    shown |= {f"trainer.{k}" for k in ("max_epochs", "precision", "devices", "num_nodes")}
-    # Keys only in the defaults (a value replaced by a mapping, a list cut) are not listed.
-    changed = {k: v for k, v in flat.items() if v != flat_defaults.get(k) and k not in shown}
-    changed = {k: v for k, v in changed.items() if not LOCATION_KEY.search(k)}
-    return {k: _plain(v) for k, v in {**key, **(changed if defaults else {})}.items()}
+    return {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in key.items()}
 
 
-def flatten(node, prefix: str = "") -> dict:
-    """{"a": {"b": [1, {"c": 2}]}} -> {"a.b.0": 1, "a.b.1.c": 2}; empty dicts and lists stay values."""
-    if not node or not isinstance(node, dict | list):
-        return {prefix: node} if prefix else {}
-    flat = {}
-    for key, value in node.items() if isinstance(node, dict) else enumerate(node):
-        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
-def _plain(value):
-    """What TensorBoard's hparams take: bool, int, float, str (None and containers as their YAML text)."""
-    if isinstance(value, bool | int | float | str):
-        return value
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+def _get(config, *keys):
+    for key in keys:
+        config = config.get(key) if isinstance(config, dict) else None
+    return config
