@@ -1,9 +1,7 @@
 """RunReport: `<run dir>/report.png` (docs/recipes.md "Run report") after test, or after fit when no test follows,
-also logged as an image. A module without an int `num_classes` gets the curves only. matplotlib is imported only
-when a report is drawn."""
+also logged as an image. A module without an int `num_classes` gets the curves only."""
 
 import math
-import textwrap
 from pathlib import Path
 
 import torch
@@ -89,8 +87,7 @@ class RunReport(Callback):
 
     def state_dict(self) -> dict:
         # In checkpoints: a resumed fit, or `python -m project test` alone, draws the whole run. The rates as two
-        # tensors (NaN-padded where a group was added mid-run): as {step: [lr, ...]} each step was a few pickled
-        # objects at every save, some 1.5M for 500k steps.
+        # tensors (NaN-padded where a group was added mid-run): a dict pickles a few objects per step at every save.
         width = max(map(len, self.lrs.values()), default=0)
         rows = [row + [math.nan] * (width - len(row)) for _, row in sorted(self.lrs.items())]
         values = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), width)
@@ -99,13 +96,10 @@ class RunReport(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         # What this process recorded wins: restoring the best checkpoint for the test after fit keeps later epochs.
-        lrs = state.get("lrs", {})  # as checkpoints before lr_steps hold them
         if "lr_steps" in state:
-            rows = state["lr_values"].tolist()
-            if state["lr_values"].isnan().any():
-                rows = [[v for v in row if v == v] for row in rows]  # NaN != NaN: the padding
-            lrs = dict(zip(state["lr_steps"].tolist(), rows, strict=True))
-        self.epochs, self.lrs = {**state.get("epochs", {}), **self.epochs}, {**lrs, **self.lrs}
+            rows = [[v for v in row if v == v] for row in state["lr_values"].tolist()]  # drop the NaN padding
+            self.lrs = {**dict(zip(state["lr_steps"].tolist(), rows, strict=True)), **self.lrs}
+        self.epochs = {**state.get("epochs", {}), **self.epochs}
         self.lr_names = self.lr_names or list(state.get("lr_names", []))
 
     def _draw(self, trainer) -> None:
@@ -203,41 +197,24 @@ def _confusion(ax, confusion, class_names) -> None:
     ax.set_ylabel("true (class index)" if many else "true", fontsize="medium")
 
 
-# The wrong images' caption size (points); their panel, in inches: half the figure's width, about half its height
-# less the panel title; the height kept for a two-line caption.
-CAPTION_PT, PANEL_IN, PANEL_HEIGHT_IN, CAPTION_IN = 8.0, 7.5, 4.6, 0.3
-
-
-def grid_shape(count: int) -> tuple[int, int]:
-    """(rows, columns) that draw `count` images largest in the panel: 16 images go in 3 x 6."""
-
-    # max() keeps the first best: the fewest columns
-    columns = max(
-        range(1, count + 1), key=lambda c: min(PANEL_IN / c, PANEL_HEIGHT_IN / -(-count // c) - CAPTION_IN)
-    )
-    return -(-count // columns), columns
-
-
 def _wrong_grid(subfig, wrong, class_names) -> None:
     """One axes per image, its caption the axes' title: constrained layout keeps every caption clear of every
-    image, whatever the image size, number or class names, and small images are drawn as large as big ones."""
+    image, and the tiles' size depends on their number only."""
     if not wrong:  # None: the test inputs were not images
         none = "wrong test examples: not drawn (the inputs are not images)"
         subfig.suptitle(none if wrong is None else "no wrong test images")
         return
     subfig.suptitle("most confidently wrong test images: predicted / true (confidence)")
-    rows, columns = grid_shape(len(wrong))
-    axes = subfig.subplots(rows, columns, squeeze=False).flatten()
+    columns = math.ceil(math.sqrt(len(wrong)))
+    axes = subfig.subplots(math.ceil(len(wrong) / columns), columns, squeeze=False).flatten()
     name = (lambda i: class_names[i]) if class_names else str
-    chars = max(8, int(PANEL_IN * 72 / columns / (0.7 * CAPTION_PT)))  # a column's width at <= 0.7 em each
     for ax, (conf, img, pred, true) in zip(axes, wrong, strict=False):
         img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)  # (C, H, W) to [0, 1]
         if img.shape[0] == 1:
             ax.imshow(img[0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
         else:
             ax.imshow(img[:3].permute(1, 2, 0).numpy(), interpolation="nearest")
-        caption = textwrap.fill(f"{name(pred)} / {name(true)} ({conf:.0%})", chars, break_long_words=True)
-        ax.set_title(caption, fontsize=CAPTION_PT, y=1, pad=2, va="bottom")
+        ax.set_title(f"{name(pred)} /\n{name(true)} ({conf:.0%})", fontsize=8, y=1, pad=2, va="bottom")
         ax.set_axis_off()
     for ax in axes[len(wrong) :]:
         ax.remove()
