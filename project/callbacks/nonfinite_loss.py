@@ -12,17 +12,14 @@ class NonFiniteLossError(ConfigError):
 
 class NonFiniteLossGuard(Callback):
     """From the first non-finite loss on, skips every optimizer step on the device, and stops the run where the host
-    reads anyway: no device-to-host sync per step (a `loss.item()` stalls a GPU's launch queue). Lightning's
-    `detect_anomaly` costs several times the step; EarlyStopping(check_finite=True) reads a logged metric after the
-    NaN step has moved the weights.
+    reads anyway: no host sync per step (a `loss.item()` stalls a GPU's launch queue). Lightning's `detect_anomaly`
+    costs several times the step; EarlyStopping(check_finite=True) reads a metric after the NaN step moved the weights.
 
-    A sticky device flag turns 1.0 at the first non-finite loss (under DDP, non-finite gradients raise it too: one
-    rank's NaN reaches every rank's gradients). Fused optimizers (torch's AdamW/Adam/SGD) get it as
-    `optimizer.found_inf`, GradScaler's flag: their kernel then leaves parameters, moments and step count untouched.
-    Others, and 16-mixed runs (GradScaler owns found_inf), read it on the host before each step: zeroed gradients
-    would not stop AdamW's momentum and weight decay. The flag is read after each epoch's last batch, every
-    `check_every_n_steps` batches, before each checkpoint and at the end of training, all-reduced under DDP so that
-    all ranks stop together. Not checked: mid-epoch `save_weights_only` checkpoints (no hook runs).
+    A sticky device flag turns 1.0 at the first non-finite loss (or, under DDP, gradients: one rank's NaN reaches
+    every rank's). Fused optimizers get it as `optimizer.found_inf`, GradScaler's flag: their kernel then leaves
+    parameters, moments and step count untouched. Others, and 16-mixed runs, read it on the host before each step
+    (zeroed gradients would not stop AdamW's momentum and weight decay). It is read, all-reduced under DDP, after
+    each epoch's last batch, every `check_every_n_steps` batches, before each checkpoint and at the end of training.
     """
 
     def __init__(self, check_every_n_steps: int = 100) -> None:

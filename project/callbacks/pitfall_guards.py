@@ -13,14 +13,14 @@ class PitfallWarning(UserWarning):
 
 
 class PitfallGuards(Callback):
-    """Looks at the first training step for bugs that train without an error, but badly or not at all: layers in
-    a plain Python list or dict (never registered nor trained); float64 inputs, or inputs on another device than
-    the module receiving them (nested in dicts, tuples and lists too); outputs that are already probabilities (a
-    softmax before CrossEntropyLoss); parameters without a gradient after the first backward; parameters with one
-    that the first optimizer step left unchanged (not in the optimizer). Nothing in Lightning warns about these.
+    """Looks at the first training step for bugs that train without an error, but badly or not at all (nothing in
+    Lightning warns about them): layers in a plain Python list or dict (neither registered nor trained); float64
+    inputs, or inputs on another device than the module receiving them (nested ones too); outputs that are already
+    probabilities (a softmax before CrossEntropyLoss); parameters without a gradient after the first backward; ones
+    with a gradient that the first optimizer step left unchanged (not in the optimizer).
 
-    Then it removes its module hooks and takes itself out of `trainer.callbacks` (a new list: Lightning iterates
-    the one it read), so later steps do not call into it; a second fit on the same Trainer runs without it.
+    Then it removes its hooks and takes itself out of `trainer.callbacks` (a new list: Lightning iterates the one
+    it read), so later steps do not call into it.
     """
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -28,14 +28,14 @@ class PitfallGuards(Callback):
         for name, module in pl_module.named_modules():
             for attr, value in vars(module).items():
                 layers = value.values() if isinstance(value, dict) else value
-                plain = isinstance(value, dict | list | tuple) and not attr.startswith("_")
-                if plain and any(isinstance(v, nn.Module) for v in layers):
-                    self._warn(
-                        f"{name}.{attr}",
-                        f"{type(module).__name__} '{name or 'model'}' keeps layers in a plain Python "
-                        f"{type(value).__name__} '{attr}': their parameters are not registered, so they are neither "
-                        "trained nor saved. Use nn.ModuleList / nn.ModuleDict instead.",
-                    )
+                if isinstance(value, dict | list | tuple) and not attr.startswith("_"):
+                    if any(isinstance(v, nn.Module) for v in layers):
+                        self._warn(
+                            f"{name}.{attr}",
+                            f"{type(module).__name__} '{name or 'model'}' keeps layers in a plain Python "
+                            f"{type(value).__name__} '{attr}': their parameters are neither trained nor saved. "
+                            "Use nn.ModuleList / nn.ModuleDict instead.",
+                        )
             name = name or type(module).__name__
             self._handles.append(
                 module.register_forward_pre_hook(partial(self._inputs, name), with_kwargs=True)
@@ -43,8 +43,8 @@ class PitfallGuards(Callback):
             self._handles.append(module.register_forward_hook(partial(self._outputs, name)))
 
     def _warn(self, finding: str, message: str) -> None:
-        # One warning per finding: a bad batch reaches every module on its way; pre-hooks fire outermost first,
-        # forward hooks innermost first: the module named is the one it enters, or the one applying a softmax.
+        # Once per finding: a bad batch reaches every module on its way. Pre-hooks fire outermost first, forward
+        # hooks innermost first: the module named is the one it enters, or the one applying a softmax.
         if finding not in self._found:
             self._found.add(finding)
             warnings.warn(message, PitfallWarning, stacklevel=3)
@@ -56,14 +56,14 @@ class PitfallGuards(Callback):
             if x.dtype == torch.float64:
                 self._warn(
                     "float64",
-                    f"{where} float64: twice the memory and a slow path. Convert the data to float32 "
-                    "(tensor.float()) in the dataset.",
+                    f"{where} float64: twice the memory and a slow path. Convert the data to "
+                    "float32 (tensor.float()) in the dataset.",
                 )
             if param is not None and x.device != param.device:
                 self._warn(
                     "device",
-                    f"{where} on {x.device} but its parameters are on {param.device}. Create tensors with "
-                    "device=self.device or move the batch before use.",
+                    f"{where} on {x.device} but its parameters are on {param.device}. Create "
+                    "tensors with device=self.device or move the batch before use.",
                 )
 
     def _outputs(self, name: str, module: nn.Module, args: tuple, out) -> None:
@@ -74,9 +74,9 @@ class PitfallGuards(Callback):
         if in_unit and torch.allclose(out.sum(1), out.new_ones(len(out)), atol=1e-3):
             self._warn(
                 "softmax",
-                f"The outputs of '{name}' ({type(module).__name__}) are probabilities (each row is in [0, 1] and "
-                "sums to 1): CrossEntropyLoss expects raw logits and applies log-softmax itself. Remove the final "
-                "softmax from the model (apply it only in predict).",
+                f"The outputs of '{name}' ({type(module).__name__}) are probabilities (each row "
+                "is in [0, 1] and sums to 1): CrossEntropyLoss expects raw logits and applies log-softmax "
+                "itself. Remove the final softmax from the model (apply it only in predict).",
             )
 
     def on_after_backward(self, trainer, pl_module) -> None:
@@ -84,18 +84,18 @@ class PitfallGuards(Callback):
         if unused := [n for n, p in pl_module.named_parameters() if p.requires_grad and p.grad is None]:
             self._warn(
                 "no gradient",
-                f"{len(unused)} parameters got no gradient in the first backward: {', '.join(unused[:5])}. The "
-                "layer or branch is not used in forward (or its output is detached); remove it, or use it.",
+                f"{len(unused)} parameters got no gradient in the first backward: "
+                f"{', '.join(unused[:5])}. The layer or branch is not used in forward (or its output is "
+                "detached); remove it, or use it.",
             )
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if (
             str(trainer.precision) != "16-mixed"
         ):  # fp16 AMP skips overflowing steps while it calibrates: no bug
+            named = pl_module.named_parameters()
             self._before = {
-                n: p.detach().clone()
-                for n, p in pl_module.named_parameters()
-                if p.requires_grad and p.grad is not None and bool(p.grad.any())
+                n: p.detach().clone() for n, p in named if p.grad is not None and bool(p.grad.any())
             }
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -104,9 +104,9 @@ class PitfallGuards(Callback):
         if frozen := [n for n, before in self._before.items() if torch.equal(params[n].detach(), before)]:
             self._warn(
                 "unchanged",
-                f"{len(frozen)} parameters have gradients but did not change in the first optimizer step: "
-                f"{', '.join(frozen[:5])}. They are probably missing from the optimizer (configure_optimizers) "
-                "or their learning rate is 0.",
+                f"{len(frozen)} parameters have gradients but did not change in the first "
+                f"optimizer step: {', '.join(frozen[:5])}. They are probably missing from the optimizer "
+                "(configure_optimizers) or their learning rate is 0.",
             )
         self._before = {}
         trainer.callbacks = [c for c in trainer.callbacks if c is not self]
@@ -118,8 +118,7 @@ class PitfallGuards(Callback):
 
 
 def _tensors(inputs, prefix: str = ""):
-    """(name, tensor) for every tensor in nested dicts, tuples and lists: positional inputs by index (`0`),
-    keyword inputs by name (`lengths`), nested ones by their path (`0.x`)."""
+    """(name, tensor) for every tensor in nested dicts, tuples and lists: `0`, `lengths`, `0.x`."""
     for key, value in inputs.items() if isinstance(inputs, dict) else enumerate(inputs):
         if isinstance(value, Tensor):
             yield f"{prefix}{key}", value

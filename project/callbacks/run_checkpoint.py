@@ -20,23 +20,22 @@ from project.rng import capture_rng_states, restore_rng_states
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode`, unchanged. last.ckpt: at every epoch end,
-    every `every_n_train_steps` optimizer steps, every `train_time_interval` of training, and on SIGTERM / Ctrl+C,
-    after which the run exits 143 / 130 (128 + the signal: a scheduler sees no success); a second Ctrl+C stops at
-    once, unsaved. Every checkpoint holds the random states (project/rng.py; Lightning saves none), restored at
+    """best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode`. last.ckpt: at every epoch end, every
+    `every_n_train_steps` optimizer steps, every `train_time_interval` of training, and on SIGTERM / Ctrl+C, after
+    which the run exits 143 / 130 (128 + the signal: a scheduler sees no success); a second Ctrl+C stops at once,
+    unsaved. Every checkpoint holds the random states (project/rng.py; Lightning saves none), restored at
     on_train_start: the sanity check after loading draws from them, an uninterrupted run does not.
 
-    Why not ModelCheckpoint's last.ckpt and triggers, nor Lightning's signal handling (2.6): one trigger per
-    instance, each writing last.ckpt, and with save_top_k: 1 last.ckpt only at epoch ends with a new best file; a
-    save after an epoch's last batch resumes by running that epoch again (here such saves wait for the next batch);
-    under DDP the time trigger broadcasts every step, and the SIGTERM handler broadcasts from inside the handler (a
-    rank the signal reached alone hangs) and in validation ends the run with exit code 0, unsaved. Here the ranks
-    all-reduce the highest signal received and rank 0's clock every `check_every_n_steps` batches, then save
-    together. `best_model_metrics` are every val/* (or val_*) value of the selected epoch, not only the monitored.
+    Not ModelCheckpoint's last.ckpt and triggers, nor Lightning's signal handling (2.6): one trigger per instance,
+    each writing last.ckpt; with save_top_k: 1, last.ckpt only at epoch ends with a new best file; a save after an
+    epoch's last batch resumes by running that epoch again (here it waits for the epoch end); under DDP the time
+    trigger broadcasts every step, and the SIGTERM handler broadcasts from inside the handler (a rank the signal
+    reached alone hangs) and in validation exits 0, unsaved. Here the ranks all-reduce the highest signal received
+    and rank 0's clock every `check_every_n_steps` batches, then save together. In an epoch with a new best file,
+    last.ckpt is a hard link to it renamed into place (atomic, unlike `save_last: link`'s symlink).
 
-    The first validation that logs (the sanity check's, or epoch 0's) checks `monitor`: other keys only stop the run
-    naming them; no validation, or nothing logged, keeps last.ckpt only. In an epoch with a new best file,
-    last.ckpt is a hard link to it renamed into place (atomic, unlike the symlink of `save_last: link`).
+    The first validation that logs checks `monitor` (other keys stop the run, naming them); without validation, or
+    with nothing logged, only last.ckpt is written. `best_model_metrics`: every val/* of the selected epoch.
 
     Args:
         every_n_train_steps: also write last.ckpt every this many optimizer steps, mid-epoch (0 = off).
@@ -59,23 +58,16 @@ class RunCheckpoint(ModelCheckpoint):
         **kwargs: Any,
     ) -> None:
         if every_n_train_steps < 0 or check_every_n_steps < 1:
-            raise ValueError(
-                f"every_n_train_steps {every_n_train_steps} < 0 or check_every_n_steps {check_every_n_steps} < 1"
-            )
+            raise ValueError(f"every_n_train_steps {every_n_train_steps} < 0 or check_every_n_steps < 1")
         kwargs.update(mode=mode, save_top_k=save_top_k, enable_version_counter=enable_version_counter)
         super().__init__(dirpath, filename, monitor, save_last=False, **kwargs)
         self.every_n_train_steps, self.train_time_interval = every_n_train_steps, train_time_interval
-        self.check_every_n_steps, self.best_k_metrics = (
-            check_every_n_steps,
-            {},
-        )  # top-k file -> its val/* metrics
+        self.check_every_n_steps = check_every_n_steps
+        self.best_k_metrics: dict[str, dict] = {}  # top-k file -> its val/* metrics
         self._selecting = None  # the trainer, while ModelCheckpoint may write a top-k file
         self._clock, self._last_step_saved, self._since_check = time.monotonic(), 0, 0
-        self._received, self._previous, self._rng = (
-            None,
-            {},
-            None,
-        )  # signal; handlers before; states to restore
+        # the signal received, the handlers before ours, the random states to restore
+        self._received, self._previous, self._rng = None, {}, None
         self._unchecked = bool(monitor) and staged(monitor, "train") is None  # does validation log `monitor`?
         self._before_validation: set[str] = set()
         _ = self.state_key  # from the configured monitor, also once it is dropped: a resume finds this state
@@ -120,9 +112,8 @@ class RunCheckpoint(ModelCheckpoint):
                 sys.stderr.write(f"\nReceived {name}: saving a checkpoint after this step, then exiting.\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self._since_check += (
-            1  # ModelCheckpoint's own hook is not called: it has no step or time trigger here
-        )
+        # ModelCheckpoint's own hook is not called: it has no step or time trigger here
+        self._since_check += 1
         if batch_idx + 1 >= trainer.num_training_batches:
             return  # a save after an epoch's last batch resumes badly: the epoch-end save follows
         step, now, signum = trainer.global_step, time.monotonic(), 0
@@ -234,16 +225,11 @@ class RunCheckpoint(ModelCheckpoint):
 
 def staged(key: str, stage: str) -> str | None:
     """`stage/name` for a key logged as `stage/name` or `stage_name` (Lightning's usual val_loss), else None."""
-    for prefix in (f"{stage}/", f"{stage}_"):
-        if key.startswith(prefix) and len(key) > len(prefix):
-            return f"{stage}/{key[len(prefix) :]}"
-    return None
+    prefix = next((p for p in (f"{stage}/", f"{stage}_") if key.startswith(p) and len(key) > len(p)), None)
+    return f"{stage}/{key[len(prefix) :]}" if prefix else None
 
 
 def stage_metrics(metrics: dict, stage: str) -> dict[str, float]:
     """The scalar metrics of one stage (`val`, `test`), under their `stage/name` keys."""
-    return {
-        staged(k, stage): float(v)
-        for k, v in metrics.items()
-        if staged(k, stage) and isinstance(v, Tensor) and v.numel() == 1
-    }
+    scalars = {staged(k, stage): v for k, v in metrics.items() if isinstance(v, Tensor) and v.numel() == 1}
+    return {k: float(v) for k, v in scalars.items() if k}
