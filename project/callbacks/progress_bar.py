@@ -14,7 +14,7 @@ class ProgressBar(RichProgressBar):
     steps, too often for 1 ms ones, where each redraw (with every logged metric re-read) is a visible share of a step.
 
     Lightning's log messages ("`Trainer.fit` stopped: ..." while the last bar is live) go above the bar: its
-    StreamHandlers hold the stderr of import time, and written past Rich's live display they left a copy of the bar.
+    StreamHandlers hold the stderr of import time, and written past Rich's live display left a copy of the bar.
 
     Args:
         min_interval: seconds between two redraws of a batch counter (0 = every batch, like RichProgressBar).
@@ -22,22 +22,17 @@ class ProgressBar(RichProgressBar):
 
     def __init__(self, min_interval: float = 0.5, leave: bool = False, **kwargs) -> None:
         super().__init__(leave=leave, **kwargs)
-        self.min_interval, self._last_draw, self._streams = min_interval, 0.0, {}
+        self.min_interval, self._last_draw = min_interval, 0.0
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        # sys.stderr at each write: Rich's live display makes it a proxy that prints above the bar
+        # Lightning's stderr handlers write to sys.stderr as it is at each write: under Rich's live display, a
+        # proxy that prints above the bar.
         current = SimpleNamespace(write=lambda text: sys.stderr.write(text), flush=lambda: sys.stderr.flush())
         loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
         for handler in [] if self.is_disabled else [h for log in loggers for h in log.handlers]:
             if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.__stderr__):
-                self._streams[handler] = handler.setStream(current)
-
-    def teardown(self, trainer, pl_module, stage: str) -> None:
-        super().teardown(trainer, pl_module, stage)  # stops the live display
-        while self._streams:
-            handler, stream = self._streams.popitem()
-            handler.setStream(stream)
+                handler.setStream(current)
 
     def _due(self, batch_idx: int, total: str) -> bool:
         """Whether to redraw after this batch. A disabled bar (every rank but 0 under DDP) set up no totals."""

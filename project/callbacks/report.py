@@ -21,9 +21,9 @@ class RunReport(Callback):
 
     def __init__(self, filename: str = "report.png", num_wrong: int = 16, dpi: int = 80) -> None:
         self.filename, self.num_wrong, self.dpi = filename, num_wrong, dpi
-        # Set by the CLI when trainer.test follows this fit: the report is drawn once, after the test (drawing is
-        # a visible part of a short fit's time). An interrupted fit, not tested, draws it at its end.
-        self.test_follows_fit = False
+        self.test_follows_fit = (
+            False  # set by the CLI: draw once, after that test (unless fit is interrupted)
+        )
         self.epochs: dict[int, dict[str, float]] = {}  # epoch -> {"train/loss": ..., ...}
         self.lrs: dict[int, list[float]] = {}  # global step -> the lr of each parameter group
         self.lr_names: list[str] = []  # each group's `name`, else pg<i> (LearningRateMonitor's tag suffix)
@@ -35,11 +35,12 @@ class RunReport(Callback):
             self.epochs.setdefault(epoch, {}).update(curves)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if trainer.optimizers:  # plain floats from the optimizer: no device sync
-            groups = trainer.optimizers[0].param_groups
-            self.lrs[trainer.global_step] = [g["lr"] for g in groups]
-            if len(self.lr_names) != len(groups):
-                self.lr_names = [str(g.get("name") or f"pg{i + 1}") for i, g in enumerate(groups)]
+        if not trainer.optimizers:
+            return
+        groups = trainer.optimizers[0].param_groups
+        self.lrs[trainer.global_step] = [g["lr"] for g in groups]  # plain floats: no device sync
+        if len(self.lr_names) != len(groups):
+            self.lr_names = [str(g.get("name") or f"pg{i + 1}") for i, g in enumerate(groups)]
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
@@ -79,15 +80,14 @@ class RunReport(Callback):
             self.wrong = sorted(self.wrong, key=lambda w: -w[0])[: self.num_wrong]
 
     def on_test_end(self, trainer, pl_module) -> None:
-        # compute() is collective under DDP: every rank calls it, also one whose test shard was empty. In one
-        # process, a matrix never fed means no test batch ran.
+        # compute() is collective under DDP: every rank calls it, also one with an empty test shard.
         if self.confusion is not None and (self.confusion.update_called or trainer.world_size > 1):
             self.matrix = self.confusion.compute().cpu()
         self._draw(trainer)
 
     def state_dict(self) -> dict:
-        # In checkpoints: a resumed fit, or `python -m project test` alone, draws the whole run. The rates as two
-        # tensors (NaN-padded where a group was added mid-run): a dict pickles a few objects per step at every save.
+        # A resumed fit, or `python -m project test` alone, draws the whole run. The rates as two tensors (NaN where
+        # a group was added mid-run): a dict would pickle a few objects per step at every save.
         width = max(map(len, self.lrs.values()), default=0)
         rows = [row + [math.nan] * (width - len(row)) for _, row in sorted(self.lrs.items())]
         values = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), width)
@@ -136,9 +136,8 @@ def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, 
 
 
 def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier=True):
-    """The report's Figure. `fig.subfigs[0]` holds the loss, accuracy and learning-rate axes, `fig.subfigs[1]`'s
-    subfigures the confusion matrix (None: after test) and one axes per wrong image (captioned by its title;
-    `wrong` None: the test inputs were not images). Not a classifier: the top row only."""
+    """`fig.subfigs[0]`: the loss, accuracy and learning-rate axes; `fig.subfigs[1]`'s subfigures: the confusion
+    matrix and one axes per wrong image, captioned by its title (not a classifier: the top row only)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

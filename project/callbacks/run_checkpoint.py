@@ -21,18 +21,16 @@ from project.rng import capture_rng_states, restore_rng_states
 
 class RunCheckpoint(ModelCheckpoint):
     """best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode`. last.ckpt: at every epoch end, every
-    `every_n_train_steps` optimizer steps, every `train_time_interval` of training, and on SIGTERM / Ctrl+C, after
-    which the run exits 143 / 130 (128 + the signal: a scheduler sees no success); a second Ctrl+C stops at once,
-    unsaved. Every checkpoint holds the random states (project/rng.py; Lightning saves none), restored at
-    on_train_start: the sanity check after loading draws from them, an uninterrupted run does not.
+    `every_n_train_steps` optimizer steps, every `train_time_interval`, and on SIGTERM / Ctrl+C, after which the run
+    exits 143 / 130 (a scheduler sees no success); a second Ctrl+C stops at once, unsaved. Every checkpoint holds
+    the random states (Lightning saves none), restored at on_train_start, after the sanity check drew from them.
 
-    Not ModelCheckpoint's last.ckpt and triggers, nor Lightning's signal handling (2.6): one trigger per instance,
-    each writing last.ckpt; with save_top_k: 1, last.ckpt only at epoch ends with a new best file; a save after an
-    epoch's last batch resumes by running that epoch again (here it waits for the epoch end); under DDP the time
-    trigger broadcasts every step, and the SIGTERM handler broadcasts from inside the handler (a rank the signal
-    reached alone hangs) and in validation exits 0, unsaved. Here the ranks all-reduce the highest signal received
-    and rank 0's clock every `check_every_n_steps` batches, then save together. In an epoch with a new best file,
-    last.ckpt is a hard link to it renamed into place (atomic, unlike `save_last: link`'s symlink).
+    Why not ModelCheckpoint's last.ckpt, nor Lightning's signal handling (2.6): one trigger per instance; with
+    save_top_k: 1, last.ckpt only at epoch ends with a new best; a save after an epoch's last batch resumes by
+    running that epoch again (here it waits for the epoch end); under DDP the time trigger broadcasts every step,
+    and the SIGTERM handler broadcasts inside the handler (a rank the signal reached alone hangs) and exits 0,
+    unsaved, in validation. Here the ranks all-reduce the signal and rank 0's clock every `check_every_n_steps`
+    batches, then save together. With a new best file, last.ckpt is a hard link to it renamed into place.
 
     The first validation that logs checks `monitor` (other keys stop the run, naming them); without validation, or
     with nothing logged, only last.ckpt is written. `best_model_metrics`: every val/* of the selected epoch.
@@ -49,8 +47,6 @@ class RunCheckpoint(ModelCheckpoint):
         dirpath: str | None = None,
         filename: str = "best-{epoch:03d}",
         monitor: str | None = "val/loss",
-        mode: str = "min",
-        save_top_k: int = 1,
         every_n_train_steps: int = 0,
         train_time_interval: timedelta | None = None,
         check_every_n_steps: int = 10,
@@ -59,7 +55,7 @@ class RunCheckpoint(ModelCheckpoint):
     ) -> None:
         if every_n_train_steps < 0 or check_every_n_steps < 1:
             raise ValueError(f"every_n_train_steps {every_n_train_steps} < 0 or check_every_n_steps < 1")
-        kwargs.update(mode=mode, save_top_k=save_top_k, enable_version_counter=enable_version_counter)
+        kwargs.update(enable_version_counter=enable_version_counter)
         super().__init__(dirpath, filename, monitor, save_last=False, **kwargs)
         self.every_n_train_steps, self.train_time_interval = every_n_train_steps, train_time_interval
         self.check_every_n_steps = check_every_n_steps
@@ -69,13 +65,11 @@ class RunCheckpoint(ModelCheckpoint):
         # the signal received, the handlers before ours, the random states to restore
         self._received, self._previous, self._rng = None, {}, None
         self._unchecked = bool(monitor) and staged(monitor, "train") is None  # does validation log `monitor`?
-        self._before_validation: set[str] = set()
         _ = self.state_key  # from the configured monitor, also once it is dropped: a resume finds this state
 
     @cached_property
     def state_key(self) -> str:
-        # Lightning reads it at every hook call. It leaves out this class's triggers: a resume with other intervals
-        # keeps the best files.
+        # Read at every hook call; without this class's triggers, so a resume with other intervals finds the state.
         return super().state_key
 
     @property
@@ -203,8 +197,7 @@ class RunCheckpoint(ModelCheckpoint):
             newest = next(reversed(self.best_k_models))
             self.best_k_metrics = {p: m for p, m in self.best_k_metrics.items() if p in self.best_k_models}
             self.best_k_metrics[newest] = stage_metrics(self._selecting.callback_metrics, "val")
-        return {
-            **super().state_dict(),
+        return super().state_dict() | {
             "best_k_metrics": dict(self.best_k_metrics),
             "rng": capture_rng_states(),
         }
