@@ -30,7 +30,7 @@ class RunCheckpoint(ModelCheckpoint):
     running that epoch again (here it waits for the epoch end); under DDP the time trigger broadcasts every step,
     and the SIGTERM handler broadcasts inside the handler (a rank the signal reached alone hangs) and exits 0,
     unsaved, in validation. Here the ranks all-reduce the signal and rank 0's clock every `check_every_n_steps`
-    batches, then save together. With a new best file, last.ckpt is a hard link to it renamed into place.
+    batches, then save together.
 
     The first validation that logs checks `monitor` (other keys stop the run, naming them); without validation, or
     with nothing logged, only last.ckpt is written. `best_model_metrics`: every val/* of the selected epoch.
@@ -148,8 +148,8 @@ class RunCheckpoint(ModelCheckpoint):
             elif not trainer.sanity_checking:  # ClassificationModule logs nothing in the sanity check
                 self._select_nothing(trainer, f"its validation logs nothing (no `{self.monitor}`)")
         # ModelCheckpoint selects here when validation is not once per epoch end (val_check_interval < 1, ...)
-        if best := self._select(super().on_validation_end, trainer, pl_module):
-            self.write_last(trainer, link_to=best)
+        if self._select(super().on_validation_end, trainer, pl_module):
+            self.write_last(trainer)
 
     def _select_nothing(self, trainer, why: str) -> None:
         self.monitor, self.save_top_k, self._unchecked = None, 0, False
@@ -159,7 +159,7 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         best = self._select(super().on_train_epoch_end, trainer, pl_module)
         if not trainer.fast_dev_run and (best or trainer.global_step != self._last_step_saved):
-            self.write_last(trainer, link_to=best)
+            self.write_last(trainer)
 
     def _select(self, hook, trainer, pl_module) -> str:
         """Run ModelCheckpoint's hook (it may write a top-k file); the path of a new best file, else ""."""
@@ -170,22 +170,10 @@ class RunCheckpoint(ModelCheckpoint):
             self._selecting = None
         return self.best_model_path if self.best_model_path != before else ""
 
-    def write_last(self, trainer, link_to: str = "") -> str:
-        """Write last.ckpt (every rank: saving is collective), a hard link to `link_to` if given; its path."""
+    def write_last(self, trainer) -> str:
+        """Write last.ckpt (every rank: saving is collective); its path."""
         path = self.last_model_path = os.path.join(self.dirpath or "", "last.ckpt")  # set first: it is saved
-        linked = False
-        if link_to and trainer.is_global_zero:
-            # atomic_write's temporary name: AtomicCheckpointIO clears one that a kill left behind
-            tmp = os.path.join(os.path.dirname(path), f".last.ckpt.{os.getpid()}-{time.monotonic_ns()}.tmp")
-            try:
-                os.link(link_to, tmp)
-                os.replace(tmp, path)
-                linked = True
-            except OSError:  # some network filesystems have no hard links: written in full
-                if os.path.lexists(tmp):
-                    os.unlink(tmp)
-        if not (link_to and trainer.strategy.broadcast(linked)):
-            trainer.save_checkpoint(path, self.save_weights_only)
+        trainer.save_checkpoint(path, self.save_weights_only)
         self._last_step_saved = trainer.global_step
         for logger in trainer.loggers if trainer.is_global_zero else []:
             logger.after_save_checkpoint(proxy(self))
