@@ -1,5 +1,4 @@
-"""LogConfig: config.yaml with secrets redacted, the config and parameter counts as every logger's hyperparameters,
-and the run's key hyperparameters with its final metrics for TensorBoard's HPARAMS tab and W&B's config."""
+"""LogConfig: config.yaml without secrets, the config in every logger, and TensorBoard's HPARAMS record."""
 
 import re
 from pathlib import Path
@@ -15,7 +14,7 @@ from project.callbacks.run_summary import selected
 # Keys whose values never reach config.yaml or a logger (NeptuneLogger's or CometLogger's api_key, ...).
 SECRET_KEY = re.compile(r"(api_?key|token|secret|password|passwd|credential)", re.IGNORECASE)
 REDACTED = "<redacted: set it through the environment>"
-# The learning rate: the optimizer's (a LightningCLI OptimizerCallable), or the module's own `lr`.
+# The learning rate: the optimizer's (a LightningCLI OptimizerCallable), or the module's own.
 LR_KEYS = (("model", "init_args", "optimizer", "init_args", "lr"), ("model", "init_args", "lr"))
 
 
@@ -33,11 +32,10 @@ class LogConfig(SaveConfigCallback):
     """LightningCLI's config saver (its `save_config_callback`), without secrets and visible in the loggers.
 
     At setup every logger gets config.yaml (read back: a second dump would add to every start) and the parameter
-    counts. After test (or fit when no test follows, `test_follows_fit`) `key_hyperparameters` go to W&B's config
-    and TensorBoard's HPARAMS record, with the final metrics: `best/<monitor>`, `best/val_acc` (summary.json's
-    best_score, best_val_acc; also scalars, and the W&B run's summary) and every test/* (or test_*) metric, logged
-    at the last training step. The record is TensorBoardLogger.log_hyperparams(params, metrics)'s, not written
-    through it: that call logs every metric again, test/* twice. TensorBoard keeps a run's first record only.
+    counts. After test (or fit when no test follows) `key_hyperparameters` go to W&B's config and TensorBoard's
+    HPARAMS record with `best/<monitor>`, `best/val_acc` (summary.json's) and every test/* metric. The record is
+    TensorBoardLogger.log_hyperparams(params, metrics)'s, written without that call's logging every metric again.
+    TensorBoard keeps a run's first record only.
     """
 
     test_follows_fit = False

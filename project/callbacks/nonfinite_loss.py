@@ -1,6 +1,7 @@
 """NonFiniteLossGuard: a NaN or inf loss never reaches the weights or a checkpoint, and the run stops naming it."""
 
 import torch
+from jsonargparse.typing import PositiveInt
 from lightning.pytorch.callbacks import Callback
 
 from project.errors import ConfigError
@@ -17,14 +18,12 @@ class NonFiniteLossGuard(Callback):
 
     A sticky device flag turns 1.0 at the first non-finite loss (or, under DDP, gradients: one rank's NaN reaches
     every rank's). Fused optimizers get it as `optimizer.found_inf`, GradScaler's flag: their kernel then leaves
-    parameters, moments and step count untouched. Others, and 16-mixed runs, read it on the host before each step
-    (zeroed gradients would not stop AdamW's momentum and weight decay). It is read, all-reduced under DDP, after
+    parameters, moments and step count untouched. Others read it on the host before each step (zeroed gradients
+    would not stop AdamW's momentum and weight decay). It is read, all-reduced under DDP, after
     each epoch's last batch, every `check_every_n_steps` batches, before each checkpoint and at the end of training.
     """
 
-    def __init__(self, check_every_n_steps: int = 100) -> None:
-        if check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
+    def __init__(self, check_every_n_steps: PositiveInt = 100) -> None:
         self.check_every_n_steps = check_every_n_steps
         self._found: torch.Tensor | None = None
 
@@ -44,10 +43,8 @@ class NonFiniteLossGuard(Callback):
                 self._raise_flag(torch.nn.utils.get_total_norm(grads))
         if getattr(optimizer, "found_inf", None) is self._found:
             return  # set at this optimizer's first step of the fit
-        if (
-            optimizer.defaults.get("fused") is True
-            and getattr(trainer.precision_plugin, "scaler", None) is None
-        ):
+        scaler = getattr(trainer.precision_plugin, "scaler", None)  # 16-mixed: GradScaler owns found_inf
+        if optimizer.defaults.get("fused") is True and scaler is None:
             optimizer.found_inf = self._found  # read by the fused kernel after this hook
         else:
             self._check(trainer)  # the fallback: one host read (and DDP all-reduce) per step

@@ -28,19 +28,15 @@ class PitfallGuards(Callback):
         for name, module in pl_module.named_modules():
             for attr, value in vars(module).items():
                 layers = value.values() if isinstance(value, dict) else value
-                if isinstance(value, dict | list | tuple) and not attr.startswith("_"):
-                    if any(isinstance(v, nn.Module) for v in layers):
-                        self._warn(
-                            f"{name}.{attr}",
-                            f"{type(module).__name__} '{name or 'model'}' keeps layers in a plain Python "
-                            f"{type(value).__name__} '{attr}': their parameters are neither trained nor saved. "
-                            "Use nn.ModuleList / nn.ModuleDict instead.",
-                        )
+                plain = isinstance(value, dict | list | tuple) and not attr.startswith("_")
+                if plain and any(isinstance(v, nn.Module) for v in layers):
+                    where = f"{type(module).__name__} '{name or 'model'}' keeps layers in a plain Python"
+                    fix = "they are neither trained nor saved. Use nn.ModuleList / nn.ModuleDict."
+                    self._warn(f"{name}.{attr}", f"{where} {type(value).__name__} '{attr}': {fix}")
             name = name or type(module).__name__
-            self._handles.append(
-                module.register_forward_pre_hook(partial(self._inputs, name), with_kwargs=True)
-            )
-            self._handles.append(module.register_forward_hook(partial(self._outputs, name)))
+            pre, post = partial(self._inputs, name), partial(self._outputs, name)
+            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(post))
 
     def _warn(self, finding: str, message: str) -> None:
         # Once per finding: a bad batch reaches every module on its way. Pre-hooks fire outermost first, forward
@@ -52,19 +48,11 @@ class PitfallGuards(Callback):
     def _inputs(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         param = next(module.parameters(recurse=False), None)
         for i, x in _tensors({**dict(enumerate(args)), **kwargs}):
-            where = f"Input {i} of '{name}' ({type(module).__name__}) is"
+            where = f"Input {i} of '{name}' ({type(module).__name__})"
             if x.dtype == torch.float64:
-                self._warn(
-                    "float64",
-                    f"{where} float64: twice the memory and a slow path. Convert the data to "
-                    "float32 (tensor.float()) in the dataset.",
-                )
+                self._warn("float64", f"{where} is float64 (twice the memory, slow): use float32.")
             if param is not None and x.device != param.device:
-                self._warn(
-                    "device",
-                    f"{where} on {x.device} but its parameters are on {param.device}. Create "
-                    "tensors with device=self.device or move the batch before use.",
-                )
+                self._warn("device", f"{where} is on {x.device} but its parameters are on {param.device}.")
 
     def _outputs(self, name: str, module: nn.Module, args: tuple, out) -> None:
         if "softmax" in self._found or not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2:
@@ -72,42 +60,26 @@ class PitfallGuards(Callback):
         floating, out = out.is_floating_point(), out.detach().float()
         in_unit = floating and bool(((out >= 0) & (out <= 1)).all())
         if in_unit and torch.allclose(out.sum(1), out.new_ones(len(out)), atol=1e-3):
-            self._warn(
-                "softmax",
-                f"The outputs of '{name}' ({type(module).__name__}) are probabilities (each row "
-                "is in [0, 1] and sums to 1): CrossEntropyLoss expects raw logits and applies log-softmax "
-                "itself. Remove the final softmax from the model (apply it only in predict).",
-            )
+            what = f"The outputs of '{name}' ({type(module).__name__}) are probabilities"
+            self._warn("softmax", f"{what}: CrossEntropyLoss expects logits. Remove the final softmax.")
 
     def on_after_backward(self, trainer, pl_module) -> None:
         self.teardown(trainer, pl_module, "fit")  # the module hooks go
         if unused := [n for n, p in pl_module.named_parameters() if p.requires_grad and p.grad is None]:
-            self._warn(
-                "no gradient",
-                f"{len(unused)} parameters got no gradient in the first backward: "
-                f"{', '.join(unused[:5])}. The layer or branch is not used in forward (or its output is "
-                "detached); remove it, or use it.",
-            )
+            what = f"{len(unused)} parameters got no gradient: {', '.join(unused[:5])}"
+            self._warn("no gradient", f"{what}; unused in forward (or detached)? Remove them, or use them.")
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if (
-            str(trainer.precision) != "16-mixed"
-        ):  # fp16 AMP skips overflowing steps while it calibrates: no bug
+        if str(trainer.precision) != "16-mixed":  # fp16 AMP skips overflowing steps while it calibrates
             named = pl_module.named_parameters()
-            self._before = {
-                n: p.detach().clone() for n, p in named if p.grad is not None and bool(p.grad.any())
-            }
+            self._before = {n: p.detach().clone() for n, p in named if p.grad is not None and p.grad.any()}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self.teardown(trainer, pl_module, "fit")
         params = dict(pl_module.named_parameters())
         if frozen := [n for n, before in self._before.items() if torch.equal(params[n].detach(), before)]:
-            self._warn(
-                "unchanged",
-                f"{len(frozen)} parameters have gradients but did not change in the first "
-                f"optimizer step: {', '.join(frozen[:5])}. They are probably missing from the optimizer "
-                "(configure_optimizers) or their learning rate is 0.",
-            )
+            what = f"{len(frozen)} parameters did not change in the first optimizer step: {', '.join(frozen[:5])}"
+            self._warn("unchanged", f"{what}; missing from configure_optimizers, or at learning rate 0?")
         self._before = {}
         trainer.callbacks = [c for c in trainer.callbacks if c is not self]
 

@@ -21,9 +21,7 @@ class RunReport(Callback):
 
     def __init__(self, filename: str = "report.png", num_wrong: int = 16, dpi: int = 80) -> None:
         self.filename, self.num_wrong, self.dpi = filename, num_wrong, dpi
-        self.test_follows_fit = (
-            False  # set by the CLI: draw once, after that test (unless fit is interrupted)
-        )
+        self.test_follows_fit = False  # set by the CLI: drawn once, after that test
         self.epochs: dict[int, dict[str, float]] = {}  # epoch -> {"train/loss": ..., ...}
         self.lrs: dict[int, list[float]] = {}  # global step -> the lr of each parameter group
         self.lr_names: list[str] = []  # each group's `name`, else pg<i> (LearningRateMonitor's tag suffix)

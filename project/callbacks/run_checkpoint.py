@@ -11,6 +11,7 @@ from typing import Any
 from weakref import proxy
 
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
@@ -47,14 +48,12 @@ class RunCheckpoint(ModelCheckpoint):
         dirpath: str | None = None,
         filename: str = "best-{epoch:03d}",
         monitor: str | None = "val/loss",
-        every_n_train_steps: int = 0,
+        every_n_train_steps: NonNegativeInt = 0,
         train_time_interval: timedelta | None = None,
-        check_every_n_steps: int = 10,
+        check_every_n_steps: PositiveInt = 10,
         enable_version_counter: bool = False,
         **kwargs: Any,
     ) -> None:
-        if every_n_train_steps < 0 or check_every_n_steps < 1:
-            raise ValueError(f"every_n_train_steps {every_n_train_steps} < 0 or check_every_n_steps < 1")
         kwargs.update(enable_version_counter=enable_version_counter)
         super().__init__(dirpath, filename, monitor, save_last=False, **kwargs)
         self.every_n_train_steps, self.train_time_interval = every_n_train_steps, train_time_interval
