@@ -185,7 +185,7 @@ def test_report_works_without_test_results():
     ax_loss, ax_acc, ax_lr = fig.subfigs[0].axes
     lines = {line.get_label(): list(line.get_xdata()) for line in ax_loss.lines}
     assert lines == {"train": [0, 1], "val": [0]}
-    assert _texts(ax_acc) == ["no epochs logged"]
+    assert _texts(ax_acc) == ["nothing logged"]
     assert [list(line.get_ydata()) for line in ax_lr.lines] == [[0.1, 0.2]]
     assert [line.get_label() for line in ax_lr.lines] == [
         "pg1"

@@ -14,7 +14,6 @@ from project.callbacks.run_summary import selected
 # Keys whose values never reach config.yaml or a logger (NeptuneLogger's or CometLogger's api_key, ...).
 SECRET_KEY = re.compile(r"(api_?key|token|secret|password|passwd|credential)", re.IGNORECASE)
 REDACTED = "<redacted: set it through the environment>"
-# The learning rate: the optimizer's (a LightningCLI OptimizerCallable), or the module's own.
 LR_KEYS = (("model", "init_args", "optimizer", "init_args", "lr"), ("model", "init_args", "lr"))
 
 
@@ -56,7 +55,7 @@ class LogConfig(SaveConfigCallback):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         best, self._best = selected(trainer), {}
-        if best["best_score"] is not None:
+        if best["best_score"] is not None:  # the monitor's best, and that epoch's val/acc
             self._best[f"best/{best['monitor'].replace('/', '_')}"] = best["best_score"]
             if best["best_val_acc"] is not None:
                 self._best["best/val_acc"] = best["best_val_acc"]
@@ -69,8 +68,7 @@ class LogConfig(SaveConfigCallback):
             self._log_key_hyperparameters(trainer, pl_module, self._best)
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
-        # A `step` logged with the test metrics replaces the `epoch` Lightning logs; the max over ranks of equal
-        # values is exact, and collective as Lightning expects under DDP.
+        # Logged with the test metrics, `step` replaces Lightning's `epoch`; collective, as DDP expects.
         pl_module.log("step", float(trainer.global_step), sync_dist=True, reduce_fx="max")
 
     def on_test_end(self, trainer, pl_module) -> None:
@@ -79,14 +77,13 @@ class LogConfig(SaveConfigCallback):
 
     def _log_key_hyperparameters(self, trainer, pl_module, metrics: dict) -> None:
         path = getattr(self, "_path", None)
-        if not trainer.is_global_zero or path is None or not path.is_file():
-            return
-        params = key_hyperparameters(yaml.safe_load(path.read_text()), trainer, pl_module)
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                _write_hparams(logger.experiment, params, metrics, trainer.global_step)
-            elif isinstance(logger, WandbLogger):
-                logger.log_hyperparams(params)
+        if trainer.is_global_zero and path is not None and path.is_file():
+            params = key_hyperparameters(yaml.safe_load(path.read_text()), trainer, pl_module)
+            for logger in trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    _write_hparams(logger.experiment, params, metrics, trainer.global_step)
+                elif isinstance(logger, WandbLogger):
+                    logger.log_hyperparams(params)
 
 
 def _write_hparams(experiment, params: dict, metrics: dict, step: int) -> None:

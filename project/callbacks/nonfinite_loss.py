@@ -12,15 +12,15 @@ class NonFiniteLossError(ConfigError):
 
 
 class NonFiniteLossGuard(Callback):
-    """From the first non-finite loss on, skips every optimizer step on the device, and stops the run where the host
-    reads anyway: no host sync per step (a `loss.item()` stalls a GPU's launch queue). Lightning's `detect_anomaly`
-    costs several times the step; EarlyStopping(check_finite=True) reads a metric after the NaN step moved the weights.
+    """From the first non-finite loss on, skips every optimizer step on the device, and stops the run at the next
+    check: no host sync per step (a `loss.item()` stalls a GPU's launch queue). `detect_anomaly` costs several steps;
+    EarlyStopping(check_finite=True) reads a metric after the NaN step moved the weights.
 
     A sticky device flag turns 1.0 at the first non-finite loss (or, under DDP, gradients: one rank's NaN reaches
     every rank's). Fused optimizers get it as `optimizer.found_inf`, GradScaler's flag: their kernel then leaves
     parameters, moments and step count untouched. Others read it on the host before each step (zeroed gradients
-    would not stop AdamW's momentum and weight decay). It is read, all-reduced under DDP, after
-    each epoch's last batch, every `check_every_n_steps` batches, before each checkpoint and at the end of training.
+    would not stop AdamW's momentum and weight decay). Checks (all-reduced under DDP): after each epoch's last
+    batch, every `check_every_n_steps` batches, before each checkpoint and at the end of training.
     """
 
     def __init__(self, check_every_n_steps: PositiveInt = 100) -> None:
@@ -50,8 +50,7 @@ class NonFiniteLossGuard(Callback):
             self._check(trainer)  # the fallback: one host read (and DDP all-reduce) per step
 
     def _raise_flag(self, value: torch.Tensor) -> None:
-        # found + value * 0 is NaN for a non-finite value, and NaN becomes 1.0: two in-place ops where isfinite
-        # takes four. In place: fused optimizers hold the flag.
+        # found + value * 0 is NaN for a non-finite value, then 1.0: two ops, in place (fused optimizers hold it).
         self._found.addcmul_(value, self._zero).nan_to_num_(nan=1.0)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -88,9 +87,8 @@ class NonFiniteLossGuard(Callback):
         )
 
     def on_exception(self, trainer, pl_module, exception=None) -> None:
-        for optimizer in trainer.optimizers:
-            if hasattr(optimizer, "found_inf"):
-                del optimizer.found_inf  # a later step outside this fit must not be skipped
+        for optimizer in [o for o in trainer.optimizers if hasattr(o, "found_inf")]:
+            del optimizer.found_inf  # a later step outside this fit must not be skipped
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":

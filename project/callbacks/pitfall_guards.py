@@ -15,7 +15,7 @@ class PitfallWarning(UserWarning):
 class PitfallGuards(Callback):
     """Looks at the first training step for bugs that train without an error, but badly or not at all (nothing in
     Lightning warns about them): layers in a plain Python list or dict (neither registered nor trained); float64
-    inputs, or inputs on another device than the module receiving them (nested ones too); outputs that are already
+    inputs, or inputs on another device than the module receiving them; outputs that are already
     probabilities (a softmax before CrossEntropyLoss); parameters without a gradient after the first backward; ones
     with a gradient that the first optimizer step left unchanged (not in the optimizer).
 
@@ -47,7 +47,8 @@ class PitfallGuards(Callback):
 
     def _inputs(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         param = next(module.parameters(recurse=False), None)
-        for i, x in _tensors({**dict(enumerate(args)), **kwargs}):
+        tensors = {k: v for k, v in {**dict(enumerate(args)), **kwargs}.items() if isinstance(v, Tensor)}
+        for i, x in tensors.items():  # a tensor nested in a batch is seen by the layer it reaches
             where = f"Input {i} of '{name}' ({type(module).__name__})"
             if x.dtype == torch.float64:
                 self._warn("float64", f"{where} is float64 (twice the memory, slow): use float32.")
@@ -87,12 +88,3 @@ class PitfallGuards(Callback):
         for handle in getattr(self, "_handles", []):
             handle.remove()
         self._handles = []
-
-
-def _tensors(inputs, prefix: str = ""):
-    """(name, tensor) for every tensor in nested dicts, tuples and lists: `0`, `lengths`, `0.x`."""
-    for key, value in inputs.items() if isinstance(inputs, dict) else enumerate(inputs):
-        if isinstance(value, Tensor):
-            yield f"{prefix}{key}", value
-        elif isinstance(value, dict | list | tuple):
-            yield from _tensors(value, f"{prefix}{key}.")

@@ -13,8 +13,7 @@ class ProgressBar(RichProgressBar):
     redraws, so the bar ends at its true count. RichProgressBar's `refresh_rate` counts batches: too rare for 1 s
     steps, too often for 1 ms ones, where each redraw (with every logged metric re-read) is a visible share of a step.
 
-    Lightning's log messages ("`Trainer.fit` stopped: ..." while the last bar is live) go above the bar: its
-    StreamHandlers hold the stderr of import time, and written past Rich's live display left a copy of the bar.
+    Lightning's log lines ("`Trainer.fit` stopped") go above the live bar: written past it, they left a copy of it.
 
     Args:
         min_interval: seconds between two redraws of a batch counter (0 = every batch, like RichProgressBar).
@@ -26,8 +25,7 @@ class ProgressBar(RichProgressBar):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        # Lightning's stderr handlers write to sys.stderr as it is at each write: under Rich's live display, a
-        # proxy that prints above the bar.
+        # Lightning's handlers hold the stderr of import time; sys.stderr at each write is Rich's proxy while live.
         current = SimpleNamespace(write=lambda text: sys.stderr.write(text), flush=lambda: sys.stderr.flush())
         loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
         for handler in [] if self.is_disabled else [h for log in loggers for h in log.handlers]:

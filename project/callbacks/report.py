@@ -89,8 +89,8 @@ class RunReport(Callback):
         width = max(map(len, self.lrs.values()), default=0)
         rows = [row + [math.nan] * (width - len(row)) for _, row in sorted(self.lrs.items())]
         values = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), width)
-        steps = torch.tensor(sorted(self.lrs), dtype=torch.int64)
-        return {"epochs": self.epochs, "lr_steps": steps, "lr_values": values, "lr_names": self.lr_names}
+        lr_steps = torch.tensor(sorted(self.lrs), dtype=torch.int64)
+        return {"epochs": self.epochs, "lr_steps": lr_steps, "lr_values": values, "lr_names": self.lr_names}
 
     def load_state_dict(self, state: dict) -> None:
         # What this process recorded wins: restoring the best checkpoint for the test after fit keeps later epochs.
@@ -152,8 +152,7 @@ def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names
         if ax.lines:
             ax.legend()
         else:
-            said = "no epochs logged" if classifier or metric == "loss" else "not a classifier: no accuracy"
-            ax.text(0.5, 0.5, said, ha="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "nothing logged", ha="center", transform=ax.transAxes)
     if lrs:  # one line per distinct series, labelled with the names of the groups that share it
         series = list(zip(*lrs, strict=True))
         names = lr_names if lr_names and len(lr_names) == len(series) else None
@@ -188,15 +187,13 @@ def _confusion(ax, confusion, class_names) -> None:
     ax.tick_params(axis="y", labelrotation=0)  # torchmetrics tilts them 25 degrees
     for text in ax.texts:
         text.set_fontsize("x-small")
-    accuracy = float(confusion.trace()) / max(1, int(confusion.sum()))
-    ax.set_title(f"test confusion matrix (accuracy {accuracy:.1%})", fontsize="large")
-    ax.set_xlabel("predicted (class index)" if many else "predicted", fontsize="medium")
-    ax.set_ylabel("true (class index)" if many else "true", fontsize="medium")
+    accuracy, index = float(confusion.trace()) / max(1, int(confusion.sum())), " (class index)" * many
+    ax.set_title(f"test confusion matrix (accuracy {accuracy:.1%})")
+    ax.set(xlabel=f"predicted{index}", ylabel=f"true{index}")
 
 
 def _wrong_grid(subfig, wrong, class_names) -> None:
-    """One axes per image, its caption the axes' title: constrained layout keeps every caption clear of every
-    image, and the tiles' size depends on their number only."""
+    """One axes per image, its caption the axes' title: constrained layout keeps it clear of every image."""
     if not wrong:  # None: the test inputs were not images
         none = "wrong test examples: not drawn (the inputs are not images)"
         subfig.suptitle(none if wrong is None else "no wrong test images")

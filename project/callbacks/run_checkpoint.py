@@ -31,10 +31,8 @@ class RunCheckpoint(ModelCheckpoint):
     running that epoch again (here it waits for the epoch end); under DDP the time trigger broadcasts every step,
     and the SIGTERM handler broadcasts inside the handler (a rank the signal reached alone hangs) and exits 0,
     unsaved, in validation. Here the ranks all-reduce the signal and rank 0's clock every `check_every_n_steps`
-    batches, then save together.
-
-    The first validation that logs checks `monitor` (other keys stop the run, naming them); without validation, or
-    with nothing logged, only last.ckpt is written. `best_model_metrics`: every val/* of the selected epoch.
+    batches, then save together. The first validation that logs checks `monitor` (other keys stop the run, naming
+    them); without validation, or with nothing logged, only last.ckpt is written.
 
     Args:
         every_n_train_steps: also write last.ckpt every this many optimizer steps, mid-epoch (0 = off).
@@ -72,7 +70,7 @@ class RunCheckpoint(ModelCheckpoint):
         return super().state_key
 
     @property
-    def best_model_metrics(self) -> dict[str, float]:
+    def best_model_metrics(self) -> dict[str, float]:  # every val/* of the selected epoch
         return self.best_k_metrics.get(self.best_model_path, {})
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -105,8 +103,7 @@ class RunCheckpoint(ModelCheckpoint):
                 sys.stderr.write(f"\nReceived {name}: saving a checkpoint after this step, then exiting.\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        # ModelCheckpoint's own hook is not called: it has no step or time trigger here
-        self._since_check += 1
+        self._since_check += 1  # (ModelCheckpoint's hook is not called: its step and time triggers are off)
         if batch_idx + 1 >= trainer.num_training_batches:
             return  # a save after an epoch's last batch resumes badly: the epoch-end save follows
         step, now, signum = trainer.global_step, time.monotonic(), 0
@@ -130,8 +127,7 @@ class RunCheckpoint(ModelCheckpoint):
             raise SystemExit(128 + signum)
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if self._unchecked:  # LearningRateMonitor's keys and train_* are logged before
-            self._before_validation = set(trainer.callback_metrics)
+        self._before_validation = set(trainer.callback_metrics)  # LearningRateMonitor's, train_*
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._unchecked and trainer.state.fn == "fit":  # not `validate`: it selects nothing
