@@ -32,9 +32,8 @@ class LogConfig(SaveConfigCallback):
 
     At setup every logger gets config.yaml (read back: a second dump would add to every start) and the parameter
     counts. After test (or fit when no test follows) `key_hyperparameters` go to W&B's config and TensorBoard's
-    HPARAMS record with `best/<monitor>`, `best/val_acc` (summary.json's) and every test/* metric. The record is
-    TensorBoardLogger.log_hyperparams(params, metrics)'s, written without that call's logging every metric again.
-    TensorBoard keeps a run's first record only.
+    HPARAMS record (its first is kept) with `best/<monitor>`, `best/val_acc` and every test/* metric: written as
+    TensorBoardLogger.log_hyperparams(params, metrics) would, without that call's logging every metric again.
     """
 
     test_follows_fit = False

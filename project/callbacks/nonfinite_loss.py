@@ -16,11 +16,10 @@ class NonFiniteLossGuard(Callback):
     check: no host sync per step (a `loss.item()` stalls a GPU's launch queue). `detect_anomaly` costs several steps;
     EarlyStopping(check_finite=True) reads a metric after the NaN step moved the weights.
 
-    A sticky device flag turns 1.0 at the first non-finite loss (or, under DDP, gradients: one rank's NaN reaches
-    every rank's). Fused optimizers get it as `optimizer.found_inf`, GradScaler's flag: their kernel then leaves
-    parameters, moments and step count untouched. Others read it on the host before each step (zeroed gradients
-    would not stop AdamW's momentum and weight decay). Checks (all-reduced under DDP): after each epoch's last
-    batch, every `check_every_n_steps` batches, before each checkpoint and at the end of training.
+    A sticky device flag turns 1.0 at the first non-finite loss (under DDP, gradients too). Fused optimizers get it
+    as `optimizer.found_inf`, GradScaler's flag: their kernel then skips the whole update. Others read it on the
+    host before each step (zeroed gradients would not stop AdamW's momentum and weight decay). Checks (all-reduced
+    under DDP): each epoch's last batch, every `check_every_n_steps` batches, each checkpoint, the end of training.
     """
 
     def __init__(self, check_every_n_steps: PositiveInt = 100) -> None:

@@ -13,14 +13,12 @@ class PitfallWarning(UserWarning):
 
 
 class PitfallGuards(Callback):
-    """Looks at the first training step for bugs that train without an error, but badly or not at all (nothing in
-    Lightning warns about them): layers in a plain Python list or dict (neither registered nor trained); float64
-    inputs, or inputs on another device than the module receiving them; outputs that are already
-    probabilities (a softmax before CrossEntropyLoss); parameters without a gradient after the first backward; ones
-    with a gradient that the first optimizer step left unchanged (not in the optimizer).
+    """Looks at the first training step for bugs that train badly without an error (Lightning warns of none):
+    layers in a plain Python list or dict; float64 inputs, or inputs on another device than the module receiving
+    them (nested ones too); outputs that are probabilities (a softmax before CrossEntropyLoss); parameters with no
+    gradient after the first backward, or unchanged by the first optimizer step (not in the optimizer).
 
-    Then it removes its hooks and takes itself out of `trainer.callbacks` (a new list: Lightning iterates the one
-    it read), so later steps do not call into it.
+    Then it leaves `trainer.callbacks` (a new list: Lightning iterates the one it read): later steps skip it.
     """
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -39,16 +37,14 @@ class PitfallGuards(Callback):
             self._handles.append(module.register_forward_hook(post))
 
     def _warn(self, finding: str, message: str) -> None:
-        # Once per finding: a bad batch reaches every module on its way. Pre-hooks fire outermost first, forward
-        # hooks innermost first: the module named is the one it enters, or the one applying a softmax.
+        # Once per finding; pre-hooks fire outermost first, forward hooks innermost: the first module to see it.
         if finding not in self._found:
             self._found.add(finding)
             warnings.warn(message, PitfallWarning, stacklevel=3)
 
     def _inputs(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         param = next(module.parameters(recurse=False), None)
-        tensors = {k: v for k, v in {**dict(enumerate(args)), **kwargs}.items() if isinstance(v, Tensor)}
-        for i, x in tensors.items():  # a tensor nested in a batch is seen by the layer it reaches
+        for i, x in _tensors({**dict(enumerate(args)), **kwargs}):
             where = f"Input {i} of '{name}' ({type(module).__name__})"
             if x.dtype == torch.float64:
                 self._warn("float64", f"{where} is float64 (twice the memory, slow): use float32.")
@@ -88,3 +84,12 @@ class PitfallGuards(Callback):
         for handle in getattr(self, "_handles", []):
             handle.remove()
         self._handles = []
+
+
+def _tensors(inputs, prefix: str = ""):
+    """(name, tensor) for every tensor in nested dicts, tuples and lists: `0`, `lengths`, `0.x`."""
+    for key, value in inputs.items() if isinstance(inputs, dict) else enumerate(inputs):
+        if isinstance(value, Tensor):
+            yield f"{prefix}{key}", value
+        elif isinstance(value, dict | list | tuple):
+            yield from _tensors(value, f"{prefix}{key}.")

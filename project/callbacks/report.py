@@ -13,8 +13,6 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from project.atomic import atomic_write
 from project.callbacks.run_checkpoint import stage_metrics
 
-CURVES = ("train/loss", "val/loss", "train/acc", "val/acc")
-
 
 class RunReport(Callback):
     """Args: filename (in the run directory), num_wrong (test images shown), dpi (of a 15 x 10 inch figure)."""
@@ -29,7 +27,7 @@ class RunReport(Callback):
 
     def _record(self, trainer, epoch: int, stage: str) -> None:
         logged = stage_metrics(trainer.callback_metrics, stage)  # val/loss, also when logged as val_loss
-        if curves := {k: logged[k] for k in CURVES if k in logged}:
+        if curves := {k: v for k, v in logged.items() if k.endswith(("/loss", "/acc"))}:
             self.epochs.setdefault(epoch, {}).update(curves)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:

@@ -22,20 +22,19 @@ from project.rng import capture_rng_states, restore_rng_states
 
 class RunCheckpoint(ModelCheckpoint):
     """best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode`. last.ckpt: at every epoch end, every
-    `every_n_train_steps` optimizer steps, every `train_time_interval`, and on SIGTERM / Ctrl+C, after which the run
-    exits 143 / 130 (a scheduler sees no success); a second Ctrl+C stops at once, unsaved. Every checkpoint holds
-    the random states (Lightning saves none), restored at on_train_start, after the sanity check drew from them.
+    `every_n_train_steps`, every `train_time_interval`, and on SIGTERM / Ctrl+C, after which the run exits 143 / 130
+    (no success for a scheduler); a second Ctrl+C stops at once, unsaved. Checkpoints hold the random states
+    (Lightning saves none), restored at on_train_start, after the sanity check drew from them.
 
-    Why not ModelCheckpoint's last.ckpt, nor Lightning's signal handling (2.6): one trigger per instance; with
-    save_top_k: 1, last.ckpt only at epoch ends with a new best; a save after an epoch's last batch resumes by
-    running that epoch again (here it waits for the epoch end); under DDP the time trigger broadcasts every step,
-    and the SIGTERM handler broadcasts inside the handler (a rank the signal reached alone hangs) and exits 0,
-    unsaved, in validation. Here the ranks all-reduce the signal and rank 0's clock every `check_every_n_steps`
-    batches, then save together. The first validation that logs checks `monitor` (other keys stop the run, naming
-    them); without validation, or with nothing logged, only last.ckpt is written.
+    Not Lightning's (2.6): ModelCheckpoint takes one trigger per instance, writes last.ckpt at an epoch end only
+    with a new best, resumes a save after an epoch's last batch by running that epoch again, and under DDP
+    broadcasts its time trigger every step; the SIGTERM handler broadcasts inside the handler (a rank the signal
+    reached alone hangs) and exits 0, unsaved, in validation. Here the ranks all-reduce the signal and rank 0's clock
+    every `check_every_n_steps` batches. The first validation that logs checks `monitor` (other keys stop the run,
+    naming them); without validation, or with nothing logged, only last.ckpt is written.
 
     Args:
-        every_n_train_steps: also write last.ckpt every this many optimizer steps, mid-epoch (0 = off).
+        every_n_train_steps: also write last.ckpt every this many optimizer steps (0 = off).
         train_time_interval: also write last.ckpt when this much training time passed since the last timed save.
         check_every_n_steps: under DDP, batches between two checks of the signals and the clock (a host read).
         enable_version_counter: off, so that an epoch run again after a resume keeps its best file's name.
