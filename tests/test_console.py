@@ -1,7 +1,6 @@
 """What a run prints: Lightning's advertising tips are dropped (project/console.py), and `make train` in a
-terminal leaves one bar per epoch with the whole run's time left, and the run directory on its last line."""
+terminal leaves one bar per epoch, and the run directory on its last line."""
 
-import itertools
 import logging
 import re
 from pathlib import Path
@@ -106,26 +105,6 @@ def test_last_epoch_bar_is_on_screen_once(make_train):
     assert re.search(r" 20/20 ", bars[0]), bars
     stopped = [i for i, line in enumerate(lines) if "`Trainer.fit` stopped: `max_epochs=2` reached." in line]
     assert len(stopped) == 1 and lines.index(bars[0]) > stopped[0], "\n".join(lines)  # printed above the bar
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_bar_shows_the_time_left_for_the_whole_run(make_train):
-    result, lines = make_train
-    i = max(n for n, line in enumerate(lines) if line.startswith("Epoch 1/1"))
-    assert eta_shown(lines, i) == "0:00:00", "\n".join(lines[i : i + 3])  # fit has ended: nothing left
-    frames = re.findall(
-        r"Epoch 0/1 .*?run ETA", result.stdout, re.S
-    )  # the column is on epoch 0's redraws too
-    assert frames, result
-
-
-def eta_shown(lines: list[str], i: int) -> str | None:
-    """The `run ETA` value of the bar on line i: the bar's metrics text (`run ETA: h:mm:ss`), which a narrow terminal
-    folds onto the lines below."""
-    bar = [lines[i], *itertools.takewhile(lambda line: line.startswith(" "), lines[i + 1 :])]
-    found = re.search(r"run\s+ETA:?\s+(\d+:\d\d:\d\d)", " ".join(bar))
-    return found.group(1) if found else None
 
 
 @pytest.mark.slow

@@ -1,10 +1,9 @@
-"""`last.ckpt` is written at every epoch end, a full regular file, and not serialized twice in one step.
+"""`last.ckpt` is written at every epoch end, a full regular file.
 
 One in-process fit of the default config (build_cli: every callback, the atomic writer), 4 epochs of 2 batches,
 with the selecting checkpoint replaced by one whose best can only be set in the first epoch: `val/acc_best` is a
 running maximum, so under `mode: min` no later epoch improves on epoch 0's. Lightning 2.6's ModelCheckpoint then
-wrote `last` at no later epoch end; RunCheckpoint must. Epoch 0 writes a new best file, so `last.ckpt` is
-its hard link there (one serialization).
+wrote `last` at no later epoch end; RunCheckpoint must.
 
 Then: RunCheckpoint is the one writer of the run's checkpoints, whatever the trigger (epoch end, step interval, time
 interval, SIGTERM), and project/callbacks reaches into no private Lightning name.
@@ -80,13 +79,12 @@ def test_last_checkpoint_at_every_epoch_end(in_tmp):
     trainer.callbacks = [never_better if c is old else c for c in trainer.callbacks] + [watch]
     trainer.fit(cli.model, datamodule=cli.datamodule)
 
-    # After each epoch end, last.ckpt holds that epoch's last step: a regular file (a hard link after epoch 0,
-    # whose best file it shares; a file of its own after the later epochs, which wrote no best file).
+    # After each epoch end, last.ckpt holds that epoch's last step: a regular file of its own.
     assert [(g, s) for g, s, _, _ in watch.seen] == [(2, 2), (4, 4), (6, 6), (8, 8)]
-    assert [(n, link) for _, _, n, link in watch.seen[:3]] == [(2, False), (1, False), (1, False)]
+    assert [(n, link) for _, _, n, link in watch.seen[:3]] == [(1, False)] * 3
     assert never_better.best_model_path.endswith("best-epoch=000.ckpt")
-    # One serialization per epoch end (epoch 0: the best file only), and none more at the train end.
-    assert watch.writes == ["0/2", "1/4", "2/6", "3/8"]
+    # One last.ckpt per epoch end (epoch 0: after its best file), and none more at the train end.
+    assert watch.writes == ["0/2", "0/2", "1/4", "2/6", "3/8"]
     state = torch.load(os.path.join(old.dirpath, "last.ckpt"), map_location="cpu", weights_only=True)
     assert {"state_dict", "optimizer_states", "lr_schedulers", "loops", "callbacks"} <= set(state)
 

@@ -185,7 +185,7 @@ def test_report_works_without_test_results():
     ax_loss, ax_acc, ax_lr = fig.subfigs[0].axes
     lines = {line.get_label(): list(line.get_xdata()) for line in ax_loss.lines}
     assert lines == {"train": [0, 1], "val": [0]}
-    assert _texts(ax_acc) == ["no epochs logged"]
+    assert _texts(ax_acc) == ["nothing logged"]
     assert [list(line.get_ydata()) for line in ax_lr.lines] == [[0.1, 0.2]]
     assert [line.get_label() for line in ax_lr.lines] == [
         "pg1"
@@ -199,9 +199,9 @@ def test_report_history_survives_checkpoint_restore():
     from project.callbacks.report import RunReport
 
     resumed = RunReport()  # a resumed fit: the checkpoint holds epochs 0-1, this process adds epoch 2
-    resumed.load_state_dict(
-        {"epochs": {0: {"val/acc": 0.1}, 1: {"val/acc": 0.2}}, "lrs": {0: [1e-3], 5: [2e-3]}}
-    )
+    checkpoint = RunReport()
+    checkpoint.epochs, checkpoint.lrs = {0: {"val/acc": 0.1}, 1: {"val/acc": 0.2}}, {0: [1e-3], 5: [2e-3]}
+    resumed.load_state_dict(checkpoint.state_dict())
     resumed.epochs[2], resumed.lrs[10] = {"val/acc": 0.3}, [1e-4]
     state = resumed.state_dict()
     assert sorted(state["epochs"]) == [0, 1, 2] and state["lr_steps"].tolist() == [0, 5, 10]
@@ -217,7 +217,8 @@ def test_report_history_survives_checkpoint_restore():
     fresh.load_state_dict(packed)
     assert fresh.lrs == {0: [1e-3], 5: [2e-3], 10: [1e-4], 11: [1e-5, 1e-6]}
     # The test after fit restores the best (earlier) checkpoint: the epochs seen in this process stay.
-    resumed.load_state_dict({"epochs": {0: {"val/acc": 0.1}}, "lrs": {0: [1e-3]}})
+    checkpoint.epochs, checkpoint.lrs = {0: {"val/acc": 0.1}}, {0: [1e-3]}
+    resumed.load_state_dict(checkpoint.state_dict())
     assert resumed.state_dict()["epochs"][2] == {"val/acc": 0.3}
     # Group names: this process's when it recorded some, else the checkpoint's.
     assert resumed.state_dict()["lr_names"] == []

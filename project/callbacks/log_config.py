@@ -1,5 +1,4 @@
-"""LogConfig: config.yaml with secrets redacted, the config and parameter counts as every logger's hyperparameters,
-and the run's key hyperparameters with its final metrics for TensorBoard's HPARAMS tab and W&B's config."""
+"""LogConfig: config.yaml without secrets, the config in every logger, and TensorBoard's HPARAMS record."""
 
 import re
 from pathlib import Path
@@ -8,7 +7,6 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
-from lightning.pytorch.utilities import rank_zero_warn
 
 from project.callbacks.run_checkpoint import staged
 from project.callbacks.run_summary import selected
@@ -16,10 +14,7 @@ from project.callbacks.run_summary import selected
 # Keys whose values never reach config.yaml or a logger (NeptuneLogger's or CometLogger's api_key, ...).
 SECRET_KEY = re.compile(r"(api_?key|token|secret|password|passwd|credential)", re.IGNORECASE)
 REDACTED = "<redacted: set it through the environment>"
-# Where this run writes, not how it trains: never a "changed" hyperparameter.
-LOCATION_KEY = re.compile(r"(^|\.)(run_dir|ckpt_path|default_root_dir|save_dir|dirpath)$")
-# The learning rate: the optimizer's (a LightningCLI OptimizerCallable), or the module's own `lr`.
-LR_KEYS = ("model.init_args.optimizer.init_args.lr", "model.init_args.lr")
+LR_KEYS = (("model", "init_args", "optimizer", "init_args", "lr"), ("model", "init_args", "lr"))
 
 
 def redact(value):
@@ -36,11 +31,9 @@ class LogConfig(SaveConfigCallback):
     """LightningCLI's config saver (its `save_config_callback`), without secrets and visible in the loggers.
 
     At setup every logger gets config.yaml (read back: a second dump would add to every start) and the parameter
-    counts. After test (or fit when no test follows, `test_follows_fit`) `key_hyperparameters` go to W&B's config
-    and TensorBoard's HPARAMS record, with the final metrics: `best/<monitor>`, `best/val_acc` (summary.json's
-    best_score, best_val_acc; also scalars, and the W&B run's summary) and every test/* (or test_*) metric, logged
-    at the last training step. The record is TensorBoardLogger.log_hyperparams(params, metrics)'s, not written
-    through it: that call logs every metric again, test/* twice. TensorBoard keeps a run's first record only.
+    counts. After test (or fit when no test follows) `key_hyperparameters` go to W&B's config and TensorBoard's
+    HPARAMS record (its first is kept) with `best/<monitor>`, `best/val_acc` and every test/* metric: written as
+    TensorBoardLogger.log_hyperparams(params, metrics) would, without that call's logging every metric again.
     """
 
     test_follows_fit = False
@@ -61,7 +54,7 @@ class LogConfig(SaveConfigCallback):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         best, self._best = selected(trainer), {}
-        if best["best_score"] is not None:
+        if best["best_score"] is not None:  # the monitor's best, and that epoch's val/acc
             self._best[f"best/{best['monitor'].replace('/', '_')}"] = best["best_score"]
             if best["best_val_acc"] is not None:
                 self._best["best/val_acc"] = best["best_val_acc"]
@@ -74,8 +67,7 @@ class LogConfig(SaveConfigCallback):
             self._log_key_hyperparameters(trainer, pl_module, self._best)
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
-        # A `step` logged with the test metrics replaces the `epoch` Lightning logs; the max over ranks of equal
-        # values is exact, and collective as Lightning expects under DDP.
+        # Logged with the test metrics, `step` replaces Lightning's `epoch`; collective, as DDP expects.
         pl_module.log("step", float(trainer.global_step), sync_dist=True, reduce_fx="max")
 
     def on_test_end(self, trainer, pl_module) -> None:
@@ -84,24 +76,13 @@ class LogConfig(SaveConfigCallback):
 
     def _log_key_hyperparameters(self, trainer, pl_module, metrics: dict) -> None:
         path = getattr(self, "_path", None)
-        if not trainer.is_global_zero or path is None or not path.is_file():
-            return
-        try:  # configs/default.yaml's config as config.yaml holds it; unvalidated: this parser has the links of
-            # its own module class only (configs/autoencoder.yaml)
-            parser = self.parser
-            dump = parser.dump(
-                parser.get_defaults(skip_validation=True), skip_none=False, skip_validation=True
-            )
-            defaults = redact(yaml.safe_load(dump))
-        except Exception as err:  # a finished run must not fail over a column of the HPARAMS table
-            rank_zero_warn(f"HPARAMS: no changed keys listed, the default config could not be read ({err}).")
-            defaults = {}
-        params = key_hyperparameters(yaml.safe_load(path.read_text()), defaults, trainer, pl_module)
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                _write_hparams(logger.experiment, params, metrics, trainer.global_step)
-            elif isinstance(logger, WandbLogger):
-                logger.log_hyperparams(params)
+        if trainer.is_global_zero and path is not None and path.is_file():
+            params = key_hyperparameters(yaml.safe_load(path.read_text()), trainer, pl_module)
+            for logger in trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    _write_hparams(logger.experiment, params, metrics, trainer.global_step)
+                elif isinstance(logger, WandbLogger):
+                    logger.log_hyperparams(params)
 
 
 def _write_hparams(experiment, params: dict, metrics: dict, step: int) -> None:
@@ -119,43 +100,25 @@ def _write_hparams(experiment, params: dict, metrics: dict, step: int) -> None:
         writer.close()
 
 
-def key_hyperparameters(config: dict, defaults: dict, trainer, pl_module) -> dict:
-    """The hyperparameters runs are compared by: model class, lr, batch size, max_epochs, seed, precision, devices
-    and nodes under short names, then every other key that differs from `defaults`, under its dotted name."""
-    flat, flat_defaults = flatten(config), flatten(defaults)
+def key_hyperparameters(config: dict, trainer, pl_module) -> dict:
+    """The hyperparameters runs are compared by, under short names (TensorBoard's hparams take plain values)."""
     net = getattr(pl_module, "model", None)
-    lr_key = next((k for k in LR_KEYS if k in flat), None)
     optimizer = (getattr(trainer, "optimizers", None) or [None])[0]
+    lrs = [_get(config, *keys) for keys in LR_KEYS] + [getattr(optimizer, "defaults", {}).get("lr")]
     key = {
         "model": type(net if net is not None else pl_module).__name__,
-        "lr": flat[lr_key] if lr_key else getattr(optimizer, "defaults", {}).get("lr"),
-        "batch_size": flat.get("data.init_args.batch_size"),
+        "lr": next((lr for lr in lrs if lr is not None), None),
+        "batch_size": _get(config, "data", "init_args", "batch_size"),
         "max_epochs": trainer.max_epochs,
-        "seed": flat.get("seed_everything"),
+        "seed": config.get("seed_everything"),
         "precision": str(trainer.precision),
         "devices": trainer.num_devices,
         "nodes": trainer.num_nodes,
     }
-    shown = {lr_key, "data.init_args.batch_size", "seed_everything", "model.init_args.model.class_path"}
-    shown |= {f"trainer.{k}" for k in ("max_epochs", "precision", "devices", "num_nodes")}
-    # Keys only in the defaults (a value replaced by a mapping, a list cut) are not listed.
-    changed = {k: v for k, v in flat.items() if v != flat_defaults.get(k) and k not in shown}
-    changed = {k: v for k, v in changed.items() if not LOCATION_KEY.search(k)}
-    return {k: _plain(v) for k, v in {**key, **(changed if defaults else {})}.items()}
+    return {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in key.items()}
 
 
-def flatten(node, prefix: str = "") -> dict:
-    """{"a": {"b": [1, {"c": 2}]}} -> {"a.b.0": 1, "a.b.1.c": 2}; empty dicts and lists stay values."""
-    if not node or not isinstance(node, dict | list):
-        return {prefix: node} if prefix else {}
-    flat = {}
-    for key, value in node.items() if isinstance(node, dict) else enumerate(node):
-        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
-def _plain(value):
-    """What TensorBoard's hparams take: bool, int, float, str (None and containers as their YAML text)."""
-    if isinstance(value, bool | int | float | str):
-        return value
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+def _get(config, *keys):
+    for key in keys:
+        config = config.get(key) if isinstance(config, dict) else None
+    return config

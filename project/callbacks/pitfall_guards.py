@@ -13,14 +13,12 @@ class PitfallWarning(UserWarning):
 
 
 class PitfallGuards(Callback):
-    """Looks at the first training step for bugs that train without an error, but badly or not at all: layers in
-    a plain Python list or dict (never registered nor trained); float64 inputs, or inputs on another device than
-    the module receiving them (nested in dicts, tuples and lists too); outputs that are already probabilities (a
-    softmax before CrossEntropyLoss); parameters without a gradient after the first backward; parameters with one
-    that the first optimizer step left unchanged (not in the optimizer). Nothing in Lightning warns about these.
+    """Looks at the first training step for bugs that train badly without an error (Lightning warns of none):
+    layers in a plain Python list or dict; float64 inputs, or inputs on another device than the module receiving
+    them (nested ones too); outputs that are probabilities (a softmax before CrossEntropyLoss); parameters with no
+    gradient after the first backward, or unchanged by the first optimizer step (not in the optimizer).
 
-    Then it removes its module hooks and takes itself out of `trainer.callbacks` (a new list: Lightning iterates
-    the one it read), so later steps do not call into it; a second fit on the same Trainer runs without it.
+    Then it leaves `trainer.callbacks` (a new list: Lightning iterates the one it read): later steps skip it.
     """
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -30,21 +28,16 @@ class PitfallGuards(Callback):
                 layers = value.values() if isinstance(value, dict) else value
                 plain = isinstance(value, dict | list | tuple) and not attr.startswith("_")
                 if plain and any(isinstance(v, nn.Module) for v in layers):
-                    self._warn(
-                        f"{name}.{attr}",
-                        f"{type(module).__name__} '{name or 'model'}' keeps layers in a plain Python "
-                        f"{type(value).__name__} '{attr}': their parameters are not registered, so they are neither "
-                        "trained nor saved. Use nn.ModuleList / nn.ModuleDict instead.",
-                    )
+                    where = f"{type(module).__name__} '{name or 'model'}' keeps layers in a plain Python"
+                    fix = "they are neither trained nor saved. Use nn.ModuleList / nn.ModuleDict."
+                    self._warn(f"{name}.{attr}", f"{where} {type(value).__name__} '{attr}': {fix}")
             name = name or type(module).__name__
-            self._handles.append(
-                module.register_forward_pre_hook(partial(self._inputs, name), with_kwargs=True)
-            )
-            self._handles.append(module.register_forward_hook(partial(self._outputs, name)))
+            pre, post = partial(self._inputs, name), partial(self._outputs, name)
+            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(post))
 
     def _warn(self, finding: str, message: str) -> None:
-        # One warning per finding: a bad batch reaches every module on its way; pre-hooks fire outermost first,
-        # forward hooks innermost first: the module named is the one it enters, or the one applying a softmax.
+        # Once per finding; pre-hooks fire outermost first, forward hooks innermost: the first module to see it.
         if finding not in self._found:
             self._found.add(finding)
             warnings.warn(message, PitfallWarning, stacklevel=3)
@@ -52,19 +45,11 @@ class PitfallGuards(Callback):
     def _inputs(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         param = next(module.parameters(recurse=False), None)
         for i, x in _tensors({**dict(enumerate(args)), **kwargs}):
-            where = f"Input {i} of '{name}' ({type(module).__name__}) is"
+            where = f"Input {i} of '{name}' ({type(module).__name__})"
             if x.dtype == torch.float64:
-                self._warn(
-                    "float64",
-                    f"{where} float64: twice the memory and a slow path. Convert the data to float32 "
-                    "(tensor.float()) in the dataset.",
-                )
+                self._warn("float64", f"{where} is float64 (twice the memory, slow): use float32.")
             if param is not None and x.device != param.device:
-                self._warn(
-                    "device",
-                    f"{where} on {x.device} but its parameters are on {param.device}. Create tensors with "
-                    "device=self.device or move the batch before use.",
-                )
+                self._warn("device", f"{where} is on {x.device} but its parameters are on {param.device}.")
 
     def _outputs(self, name: str, module: nn.Module, args: tuple, out) -> None:
         if "softmax" in self._found or not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2:
@@ -72,42 +57,26 @@ class PitfallGuards(Callback):
         floating, out = out.is_floating_point(), out.detach().float()
         in_unit = floating and bool(((out >= 0) & (out <= 1)).all())
         if in_unit and torch.allclose(out.sum(1), out.new_ones(len(out)), atol=1e-3):
-            self._warn(
-                "softmax",
-                f"The outputs of '{name}' ({type(module).__name__}) are probabilities (each row is in [0, 1] and "
-                "sums to 1): CrossEntropyLoss expects raw logits and applies log-softmax itself. Remove the final "
-                "softmax from the model (apply it only in predict).",
-            )
+            what = f"The outputs of '{name}' ({type(module).__name__}) are probabilities"
+            self._warn("softmax", f"{what}: CrossEntropyLoss expects logits. Remove the final softmax.")
 
     def on_after_backward(self, trainer, pl_module) -> None:
         self.teardown(trainer, pl_module, "fit")  # the module hooks go
         if unused := [n for n, p in pl_module.named_parameters() if p.requires_grad and p.grad is None]:
-            self._warn(
-                "no gradient",
-                f"{len(unused)} parameters got no gradient in the first backward: {', '.join(unused[:5])}. The "
-                "layer or branch is not used in forward (or its output is detached); remove it, or use it.",
-            )
+            what = f"{len(unused)} parameters got no gradient: {', '.join(unused[:5])}"
+            self._warn("no gradient", f"{what}; unused in forward (or detached)? Remove them, or use them.")
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if (
-            str(trainer.precision) != "16-mixed"
-        ):  # fp16 AMP skips overflowing steps while it calibrates: no bug
-            self._before = {
-                n: p.detach().clone()
-                for n, p in pl_module.named_parameters()
-                if p.requires_grad and p.grad is not None and bool(p.grad.any())
-            }
+        if str(trainer.precision) != "16-mixed":  # fp16 AMP skips overflowing steps while it calibrates
+            named = pl_module.named_parameters()
+            self._before = {n: p.detach().clone() for n, p in named if p.grad is not None and p.grad.any()}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self.teardown(trainer, pl_module, "fit")
         params = dict(pl_module.named_parameters())
         if frozen := [n for n, before in self._before.items() if torch.equal(params[n].detach(), before)]:
-            self._warn(
-                "unchanged",
-                f"{len(frozen)} parameters have gradients but did not change in the first optimizer step: "
-                f"{', '.join(frozen[:5])}. They are probably missing from the optimizer (configure_optimizers) "
-                "or their learning rate is 0.",
-            )
+            what = f"{len(frozen)} parameters did not change in the first optimizer step: {', '.join(frozen[:5])}"
+            self._warn("unchanged", f"{what}; missing from configure_optimizers, or at learning rate 0?")
         self._before = {}
         trainer.callbacks = [c for c in trainer.callbacks if c is not self]
 
@@ -118,8 +87,7 @@ class PitfallGuards(Callback):
 
 
 def _tensors(inputs, prefix: str = ""):
-    """(name, tensor) for every tensor in nested dicts, tuples and lists: positional inputs by index (`0`),
-    keyword inputs by name (`lengths`), nested ones by their path (`0.x`)."""
+    """(name, tensor) for every tensor in nested dicts, tuples and lists: `0`, `lengths`, `0.x`."""
     for key, value in inputs.items() if isinstance(inputs, dict) else enumerate(inputs):
         if isinstance(value, Tensor):
             yield f"{prefix}{key}", value

@@ -1,9 +1,7 @@
 """RunReport: `<run dir>/report.png` (docs/recipes.md "Run report") after test, or after fit when no test follows,
-also logged as an image. A module without an int `num_classes` gets the curves only. matplotlib is imported only
-when a report is drawn."""
+also logged as an image. A module without an int `num_classes` gets the curves only."""
 
 import math
-import textwrap
 from pathlib import Path
 
 import torch
@@ -15,17 +13,13 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from project.atomic import atomic_write
 from project.callbacks.run_checkpoint import stage_metrics
 
-CURVES = ("train/loss", "val/loss", "train/acc", "val/acc")
-
 
 class RunReport(Callback):
     """Args: filename (in the run directory), num_wrong (test images shown), dpi (of a 15 x 10 inch figure)."""
 
     def __init__(self, filename: str = "report.png", num_wrong: int = 16, dpi: int = 80) -> None:
         self.filename, self.num_wrong, self.dpi = filename, num_wrong, dpi
-        # Set by the CLI when trainer.test follows this fit: the report is drawn once, after the test (drawing is
-        # a visible part of a short fit's time). An interrupted fit, not tested, draws it at its end.
-        self.test_follows_fit = False
+        self.test_follows_fit = False  # set by the CLI: drawn once, after that test
         self.epochs: dict[int, dict[str, float]] = {}  # epoch -> {"train/loss": ..., ...}
         self.lrs: dict[int, list[float]] = {}  # global step -> the lr of each parameter group
         self.lr_names: list[str] = []  # each group's `name`, else pg<i> (LearningRateMonitor's tag suffix)
@@ -33,15 +27,16 @@ class RunReport(Callback):
 
     def _record(self, trainer, epoch: int, stage: str) -> None:
         logged = stage_metrics(trainer.callback_metrics, stage)  # val/loss, also when logged as val_loss
-        if curves := {k: logged[k] for k in CURVES if k in logged}:
+        if curves := {k: v for k, v in logged.items() if k.endswith(("/loss", "/acc"))}:
             self.epochs.setdefault(epoch, {}).update(curves)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if trainer.optimizers:  # plain floats from the optimizer: no device sync
-            groups = trainer.optimizers[0].param_groups
-            self.lrs[trainer.global_step] = [g["lr"] for g in groups]
-            if len(self.lr_names) != len(groups):
-                self.lr_names = [str(g.get("name") or f"pg{i + 1}") for i, g in enumerate(groups)]
+        if not trainer.optimizers:
+            return
+        groups = trainer.optimizers[0].param_groups
+        self.lrs[trainer.global_step] = [g["lr"] for g in groups]  # plain floats: no device sync
+        if len(self.lr_names) != len(groups):
+            self.lr_names = [str(g.get("name") or f"pg{i + 1}") for i, g in enumerate(groups)]
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
@@ -81,31 +76,26 @@ class RunReport(Callback):
             self.wrong = sorted(self.wrong, key=lambda w: -w[0])[: self.num_wrong]
 
     def on_test_end(self, trainer, pl_module) -> None:
-        # compute() is collective under DDP: every rank calls it, also one whose test shard was empty. In one
-        # process, a matrix never fed means no test batch ran.
+        # compute() is collective under DDP: every rank calls it, also one with an empty test shard.
         if self.confusion is not None and (self.confusion.update_called or trainer.world_size > 1):
             self.matrix = self.confusion.compute().cpu()
         self._draw(trainer)
 
     def state_dict(self) -> dict:
-        # In checkpoints: a resumed fit, or `python -m project test` alone, draws the whole run. The rates as two
-        # tensors (NaN-padded where a group was added mid-run): as {step: [lr, ...]} each step was a few pickled
-        # objects at every save, some 1.5M for 500k steps.
+        # A resumed fit, or `python -m project test` alone, draws the whole run. The rates as two tensors (NaN where
+        # a group was added mid-run): a dict would pickle a few objects per step at every save.
         width = max(map(len, self.lrs.values()), default=0)
         rows = [row + [math.nan] * (width - len(row)) for _, row in sorted(self.lrs.items())]
         values = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), width)
-        steps = torch.tensor(sorted(self.lrs), dtype=torch.int64)
-        return {"epochs": self.epochs, "lr_steps": steps, "lr_values": values, "lr_names": self.lr_names}
+        lr_steps = torch.tensor(sorted(self.lrs), dtype=torch.int64)
+        return {"epochs": self.epochs, "lr_steps": lr_steps, "lr_values": values, "lr_names": self.lr_names}
 
     def load_state_dict(self, state: dict) -> None:
         # What this process recorded wins: restoring the best checkpoint for the test after fit keeps later epochs.
-        lrs = state.get("lrs", {})  # as checkpoints before lr_steps hold them
         if "lr_steps" in state:
-            rows = state["lr_values"].tolist()
-            if state["lr_values"].isnan().any():
-                rows = [[v for v in row if v == v] for row in rows]  # NaN != NaN: the padding
-            lrs = dict(zip(state["lr_steps"].tolist(), rows, strict=True))
-        self.epochs, self.lrs = {**state.get("epochs", {}), **self.epochs}, {**lrs, **self.lrs}
+            rows = [[v for v in row if v == v] for row in state["lr_values"].tolist()]  # drop the NaN padding
+            self.lrs = {**dict(zip(state["lr_steps"].tolist(), rows, strict=True)), **self.lrs}
+        self.epochs = {**state.get("epochs", {}), **self.epochs}
         self.lr_names = self.lr_names or list(state.get("lr_names", []))
 
     def _draw(self, trainer) -> None:
@@ -142,9 +132,8 @@ def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, 
 
 
 def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier=True):
-    """The report's Figure. `fig.subfigs[0]` holds the loss, accuracy and learning-rate axes, `fig.subfigs[1]`'s
-    subfigures the confusion matrix (None: after test) and one axes per wrong image (captioned by its title;
-    `wrong` None: the test inputs were not images). Not a classifier: the top row only."""
+    """`fig.subfigs[0]`: the loss, accuracy and learning-rate axes; `fig.subfigs[1]`'s subfigures: the confusion
+    matrix and one axes per wrong image, captioned by its title (not a classifier: the top row only)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -161,8 +150,7 @@ def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names
         if ax.lines:
             ax.legend()
         else:
-            said = "no epochs logged" if classifier or metric == "loss" else "not a classifier: no accuracy"
-            ax.text(0.5, 0.5, said, ha="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "nothing logged", ha="center", transform=ax.transAxes)
     if lrs:  # one line per distinct series, labelled with the names of the groups that share it
         series = list(zip(*lrs, strict=True))
         names = lr_names if lr_names and len(lr_names) == len(series) else None
@@ -197,47 +185,28 @@ def _confusion(ax, confusion, class_names) -> None:
     ax.tick_params(axis="y", labelrotation=0)  # torchmetrics tilts them 25 degrees
     for text in ax.texts:
         text.set_fontsize("x-small")
-    accuracy = float(confusion.trace()) / max(1, int(confusion.sum()))
-    ax.set_title(f"test confusion matrix (accuracy {accuracy:.1%})", fontsize="large")
-    ax.set_xlabel("predicted (class index)" if many else "predicted", fontsize="medium")
-    ax.set_ylabel("true (class index)" if many else "true", fontsize="medium")
-
-
-# The wrong images' caption size (points); their panel, in inches: half the figure's width, about half its height
-# less the panel title; the height kept for a two-line caption.
-CAPTION_PT, PANEL_IN, PANEL_HEIGHT_IN, CAPTION_IN = 8.0, 7.5, 4.6, 0.3
-
-
-def grid_shape(count: int) -> tuple[int, int]:
-    """(rows, columns) that draw `count` images largest in the panel: 16 images go in 3 x 6."""
-
-    # max() keeps the first best: the fewest columns
-    columns = max(
-        range(1, count + 1), key=lambda c: min(PANEL_IN / c, PANEL_HEIGHT_IN / -(-count // c) - CAPTION_IN)
-    )
-    return -(-count // columns), columns
+    accuracy, index = float(confusion.trace()) / max(1, int(confusion.sum())), " (class index)" * many
+    ax.set_title(f"test confusion matrix (accuracy {accuracy:.1%})")
+    ax.set(xlabel=f"predicted{index}", ylabel=f"true{index}")
 
 
 def _wrong_grid(subfig, wrong, class_names) -> None:
-    """One axes per image, its caption the axes' title: constrained layout keeps every caption clear of every
-    image, whatever the image size, number or class names, and small images are drawn as large as big ones."""
+    """One axes per image, its caption the axes' title: constrained layout keeps it clear of every image."""
     if not wrong:  # None: the test inputs were not images
         none = "wrong test examples: not drawn (the inputs are not images)"
         subfig.suptitle(none if wrong is None else "no wrong test images")
         return
     subfig.suptitle("most confidently wrong test images: predicted / true (confidence)")
-    rows, columns = grid_shape(len(wrong))
-    axes = subfig.subplots(rows, columns, squeeze=False).flatten()
+    columns = math.ceil(math.sqrt(len(wrong)))
+    axes = subfig.subplots(math.ceil(len(wrong) / columns), columns, squeeze=False).flatten()
     name = (lambda i: class_names[i]) if class_names else str
-    chars = max(8, int(PANEL_IN * 72 / columns / (0.7 * CAPTION_PT)))  # a column's width at <= 0.7 em each
     for ax, (conf, img, pred, true) in zip(axes, wrong, strict=False):
         img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)  # (C, H, W) to [0, 1]
         if img.shape[0] == 1:
             ax.imshow(img[0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
         else:
             ax.imshow(img[:3].permute(1, 2, 0).numpy(), interpolation="nearest")
-        caption = textwrap.fill(f"{name(pred)} / {name(true)} ({conf:.0%})", chars, break_long_words=True)
-        ax.set_title(caption, fontsize=CAPTION_PT, y=1, pad=2, va="bottom")
+        ax.set_title(f"{name(pred)} /\n{name(true)} ({conf:.0%})", fontsize=8, y=1, pad=2, va="bottom")
         ax.set_axis_off()
     for ax in axes[len(wrong) :]:
         ax.remove()

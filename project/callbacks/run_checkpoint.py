@@ -11,6 +11,7 @@ from typing import Any
 from weakref import proxy
 
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
@@ -20,26 +21,20 @@ from project.rng import capture_rng_states, restore_rng_states
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode`, unchanged. last.ckpt: at every epoch end,
-    every `every_n_train_steps` optimizer steps, every `train_time_interval` of training, and on SIGTERM / Ctrl+C,
-    after which the run exits 143 / 130 (128 + the signal: a scheduler sees no success); a second Ctrl+C stops at
-    once, unsaved. Every checkpoint holds the random states (project/rng.py; Lightning saves none), restored at
-    on_train_start: the sanity check after loading draws from them, an uninterrupted run does not.
+    """best-*.ckpt: ModelCheckpoint's selection by `monitor` and `mode`. last.ckpt: at every epoch end, every
+    `every_n_train_steps`, every `train_time_interval`, and on SIGTERM / Ctrl+C, after which the run exits 143 / 130
+    (no success for a scheduler); a second Ctrl+C stops at once, unsaved. Checkpoints hold the random states
+    (Lightning saves none), restored at on_train_start, after the sanity check drew from them.
 
-    Why not ModelCheckpoint's last.ckpt and triggers, nor Lightning's signal handling (2.6): one trigger per
-    instance, each writing last.ckpt, and with save_top_k: 1 last.ckpt only at epoch ends with a new best file; a
-    save after an epoch's last batch resumes by running that epoch again (here such saves wait for the next batch);
-    under DDP the time trigger broadcasts every step, and the SIGTERM handler broadcasts from inside the handler (a
-    rank the signal reached alone hangs) and in validation ends the run with exit code 0, unsaved. Here the ranks
-    all-reduce the highest signal received and rank 0's clock every `check_every_n_steps` batches, then save
-    together. `best_model_metrics` are every val/* (or val_*) value of the selected epoch, not only the monitored.
-
-    The first validation that logs (the sanity check's, or epoch 0's) checks `monitor`: other keys only stop the run
-    naming them; no validation, or nothing logged, keeps last.ckpt only. In an epoch with a new best file,
-    last.ckpt is a hard link to it renamed into place (atomic, unlike the symlink of `save_last: link`).
+    Not Lightning's (2.6): ModelCheckpoint takes one trigger per instance, writes last.ckpt at an epoch end only
+    with a new best, resumes a save after an epoch's last batch by running that epoch again, and under DDP
+    broadcasts its time trigger every step; the SIGTERM handler broadcasts inside the handler (a rank the signal
+    reached alone hangs) and exits 0, unsaved, in validation. Here the ranks all-reduce the signal and rank 0's clock
+    every `check_every_n_steps` batches. The first validation that logs checks `monitor` (other keys stop the run,
+    naming them); without validation, or with nothing logged, only last.ckpt is written.
 
     Args:
-        every_n_train_steps: also write last.ckpt every this many optimizer steps, mid-epoch (0 = off).
+        every_n_train_steps: also write last.ckpt every this many optimizer steps (0 = off).
         train_time_interval: also write last.ckpt when this much training time passed since the last timed save.
         check_every_n_steps: under DDP, batches between two checks of the signals and the clock (a host read).
         enable_version_counter: off, so that an epoch run again after a resume keeps its best file's name.
@@ -50,44 +45,31 @@ class RunCheckpoint(ModelCheckpoint):
         dirpath: str | None = None,
         filename: str = "best-{epoch:03d}",
         monitor: str | None = "val/loss",
-        mode: str = "min",
-        save_top_k: int = 1,
-        every_n_train_steps: int = 0,
+        every_n_train_steps: NonNegativeInt = 0,
         train_time_interval: timedelta | None = None,
-        check_every_n_steps: int = 10,
+        check_every_n_steps: PositiveInt = 10,
         enable_version_counter: bool = False,
         **kwargs: Any,
     ) -> None:
-        if every_n_train_steps < 0 or check_every_n_steps < 1:
-            raise ValueError(
-                f"every_n_train_steps {every_n_train_steps} < 0 or check_every_n_steps {check_every_n_steps} < 1"
-            )
-        kwargs.update(mode=mode, save_top_k=save_top_k, enable_version_counter=enable_version_counter)
+        kwargs.update(enable_version_counter=enable_version_counter)
         super().__init__(dirpath, filename, monitor, save_last=False, **kwargs)
         self.every_n_train_steps, self.train_time_interval = every_n_train_steps, train_time_interval
-        self.check_every_n_steps, self.best_k_metrics = (
-            check_every_n_steps,
-            {},
-        )  # top-k file -> its val/* metrics
+        self.check_every_n_steps = check_every_n_steps
+        self.best_k_metrics: dict[str, dict] = {}  # top-k file -> its val/* metrics
         self._selecting = None  # the trainer, while ModelCheckpoint may write a top-k file
         self._clock, self._last_step_saved, self._since_check = time.monotonic(), 0, 0
-        self._received, self._previous, self._rng = (
-            None,
-            {},
-            None,
-        )  # signal; handlers before; states to restore
+        # the signal received, the handlers before ours, the random states to restore
+        self._received, self._previous, self._rng = None, {}, None
         self._unchecked = bool(monitor) and staged(monitor, "train") is None  # does validation log `monitor`?
-        self._before_validation: set[str] = set()
         _ = self.state_key  # from the configured monitor, also once it is dropped: a resume finds this state
 
     @cached_property
     def state_key(self) -> str:
-        # Lightning reads it at every hook call. It leaves out this class's triggers: a resume with other intervals
-        # keeps the best files.
+        # Read at every hook call; without this class's triggers, so a resume with other intervals finds the state.
         return super().state_key
 
     @property
-    def best_model_metrics(self) -> dict[str, float]:
+    def best_model_metrics(self) -> dict[str, float]:  # every val/* of the selected epoch
         return self.best_k_metrics.get(self.best_model_path, {})
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -120,9 +102,7 @@ class RunCheckpoint(ModelCheckpoint):
                 sys.stderr.write(f"\nReceived {name}: saving a checkpoint after this step, then exiting.\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self._since_check += (
-            1  # ModelCheckpoint's own hook is not called: it has no step or time trigger here
-        )
+        self._since_check += 1  # (ModelCheckpoint's hook is not called: its step and time triggers are off)
         if batch_idx + 1 >= trainer.num_training_batches:
             return  # a save after an epoch's last batch resumes badly: the epoch-end save follows
         step, now, signum = trainer.global_step, time.monotonic(), 0
@@ -146,8 +126,7 @@ class RunCheckpoint(ModelCheckpoint):
             raise SystemExit(128 + signum)
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if self._unchecked:  # LearningRateMonitor's keys and train_* are logged before
-            self._before_validation = set(trainer.callback_metrics)
+        self._before_validation = set(trainer.callback_metrics)  # LearningRateMonitor's, train_*
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._unchecked and trainer.state.fn == "fit":  # not `validate`: it selects nothing
@@ -163,8 +142,8 @@ class RunCheckpoint(ModelCheckpoint):
             elif not trainer.sanity_checking:  # ClassificationModule logs nothing in the sanity check
                 self._select_nothing(trainer, f"its validation logs nothing (no `{self.monitor}`)")
         # ModelCheckpoint selects here when validation is not once per epoch end (val_check_interval < 1, ...)
-        if best := self._select(super().on_validation_end, trainer, pl_module):
-            self.write_last(trainer, link_to=best)
+        if self._select(super().on_validation_end, trainer, pl_module):
+            self.write_last(trainer)
 
     def _select_nothing(self, trainer, why: str) -> None:
         self.monitor, self.save_top_k, self._unchecked = None, 0, False
@@ -174,7 +153,7 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         best = self._select(super().on_train_epoch_end, trainer, pl_module)
         if not trainer.fast_dev_run and (best or trainer.global_step != self._last_step_saved):
-            self.write_last(trainer, link_to=best)
+            self.write_last(trainer)
 
     def _select(self, hook, trainer, pl_module) -> str:
         """Run ModelCheckpoint's hook (it may write a top-k file); the path of a new best file, else ""."""
@@ -185,22 +164,10 @@ class RunCheckpoint(ModelCheckpoint):
             self._selecting = None
         return self.best_model_path if self.best_model_path != before else ""
 
-    def write_last(self, trainer, link_to: str = "") -> str:
-        """Write last.ckpt (every rank: saving is collective), a hard link to `link_to` if given; its path."""
+    def write_last(self, trainer) -> str:
+        """Write last.ckpt (every rank: saving is collective); its path."""
         path = self.last_model_path = os.path.join(self.dirpath or "", "last.ckpt")  # set first: it is saved
-        linked = False
-        if link_to and trainer.is_global_zero:
-            # atomic_write's temporary name: AtomicCheckpointIO clears one that a kill left behind
-            tmp = os.path.join(os.path.dirname(path), f".last.ckpt.{os.getpid()}-{time.monotonic_ns()}.tmp")
-            try:
-                os.link(link_to, tmp)
-                os.replace(tmp, path)
-                linked = True
-            except OSError:  # some network filesystems have no hard links: written in full
-                if os.path.lexists(tmp):
-                    os.unlink(tmp)
-        if not (link_to and trainer.strategy.broadcast(linked)):
-            trainer.save_checkpoint(path, self.save_weights_only)
+        trainer.save_checkpoint(path, self.save_weights_only)
         self._last_step_saved = trainer.global_step
         for logger in trainer.loggers if trainer.is_global_zero else []:
             logger.after_save_checkpoint(proxy(self))
@@ -212,8 +179,7 @@ class RunCheckpoint(ModelCheckpoint):
             newest = next(reversed(self.best_k_models))
             self.best_k_metrics = {p: m for p, m in self.best_k_metrics.items() if p in self.best_k_models}
             self.best_k_metrics[newest] = stage_metrics(self._selecting.callback_metrics, "val")
-        return {
-            **super().state_dict(),
+        return super().state_dict() | {
             "best_k_metrics": dict(self.best_k_metrics),
             "rng": capture_rng_states(),
         }
@@ -234,16 +200,11 @@ class RunCheckpoint(ModelCheckpoint):
 
 def staged(key: str, stage: str) -> str | None:
     """`stage/name` for a key logged as `stage/name` or `stage_name` (Lightning's usual val_loss), else None."""
-    for prefix in (f"{stage}/", f"{stage}_"):
-        if key.startswith(prefix) and len(key) > len(prefix):
-            return f"{stage}/{key[len(prefix) :]}"
-    return None
+    prefix = next((p for p in (f"{stage}/", f"{stage}_") if key.startswith(p) and len(key) > len(p)), None)
+    return f"{stage}/{key[len(prefix) :]}" if prefix else None
 
 
 def stage_metrics(metrics: dict, stage: str) -> dict[str, float]:
     """The scalar metrics of one stage (`val`, `test`), under their `stage/name` keys."""
-    return {
-        staged(k, stage): float(v)
-        for k, v in metrics.items()
-        if staged(k, stage) and isinstance(v, Tensor) and v.numel() == 1
-    }
+    scalars = {staged(k, stage): v for k, v in metrics.items() if isinstance(v, Tensor) and v.numel() == 1}
+    return {k: float(v) for k, v in scalars.items() if k}
