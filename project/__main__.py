@@ -8,13 +8,7 @@ import sys
 from project.errors import exit_on_user_error
 
 # Each takes its own flags (`python -m project export --help`). `predict` replaces LightningCLI's.
-TOOLS = {
-    "predict": "project.predict",
-    "export": "project.export",
-    "doctor": "project.doctor",
-    "sweep": "project.sweep",  # hyperparameter sweeps: each trial is a `fit` process of its own
-    "prepare": "project.prepare",  # a dataset as litdata chunks for project.data.StreamingDataModule
-}
+TOOLS = {name: f"project.{name}" for name in ("predict", "export", "doctor", "sweep", "prepare")}
 
 
 def main(args: list[str] | None = None) -> None:

@@ -1,9 +1,9 @@
 """`python -m project {fit,validate,test}`: LightningCLI with run directories, data-to-model links, readable errors
 and the test of the best checkpoint after fit."""
 
+import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -17,6 +17,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project import links, run_dir
 from project.callbacks.log_config import LogConfig
@@ -30,11 +31,7 @@ from project.parse_errors import explain as explain_parse_error
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SUBCOMMANDS = ("fit", "validate", "test")  # LightningCLI's; `predict` is a tool (project/__main__.py)
 # The flags that set an argument of the config's RunCheckpoint
-RUN_CHECKPOINT_FLAGS = {
-    "checkpoint_every_n_steps": "every_n_train_steps",
-    "monitor": "monitor",
-    "mode": "mode",
-}
+RUN_CHECKPOINT_FLAGS = dict(checkpoint_every_n_steps="every_n_train_steps", monitor="monitor", mode="mode")
 
 
 def project_flags(
@@ -73,10 +70,8 @@ class ProjectParser(LightningArgumentParser):
 
 
 class ProjectCLI(LightningCLI):
-    """only_subcommands: build the parser of these subcommands only; each one introspects every class of the
-    config, and a start needs one."""
-
     def __init__(self, *args, only_subcommands: Sequence[str] | None = None, **kwargs) -> None:
+        # Only the parsers a start needs: each introspects every class of the config.
         self.only_subcommands = tuple(only_subcommands) if only_subcommands else None
         # LightningCLI parses sys.argv when given no args: the command line Lightning's DDP launcher re-runs.
         self.parsed_sys_argv = kwargs.get("args") is None
@@ -127,9 +122,16 @@ class ProjectCLI(LightningCLI):
             set_run_checkpoint(config)
         run_dir.prepare(config, subcommand, command_line=self.parsed_sys_argv)
         # Lightning records the hyperparameters from config_dump, then writes each linked value into it at
-        # "model.init_args.<arg>": a nested class whose every argument is linked is dumped without init_args, and
-        # that write failed an assertion.
-        self.config_dump = hyperparameter_dump(self.parser, self.config)
+        # "model.init_args.<arg>": that failed for a nested class dumped without init_args (all its arguments linked).
+        dump = yaml.safe_load(
+            self.parser.dump(self.config, skip_link_targets=False, skip_none=False, format="yaml")
+        )
+        nodes = [dump[self.subcommand] if self.subcommand else dump]
+        for node in nodes:
+            if isinstance(node, dict) and "class_path" in node and node.get("init_args") is None:
+                node["init_args"] = {}
+            nodes += node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
+        self.config_dump = nodes[0]
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         # `--trainer.enable_progress_bar false` wins over the bar among the YAML's callbacks (the Trainer refuses
@@ -149,7 +151,12 @@ class ProjectCLI(LightningCLI):
                 "trainer.sync_batchnorm needs GPUs (SyncBatchNorm is CUDA-only), but this run is on CPU. "
                 "Set --trainer.sync_batchnorm false."
             )
-        self.untested = untestable(self.model, self.datamodule)
+        loaders = [
+            m for m in (self.model, self.datamodule) if m is not None and is_overridden("test_dataloader", m)
+        ]
+        self.untested = "" if loaders else "neither the module nor the data module has a test_dataloader"
+        if not is_overridden("test_step", self.model):
+            self.untested = f"{type(self.model).__name__} has no test_step"
         for callback in self.trainer.callbacks:  # written once, after the test that after_fit runs
             if isinstance(callback, RunReport | LogConfig):
                 callback.test_follows_fit = bool(self.config.fit.test_after_fit) and not self.untested
@@ -174,21 +181,10 @@ class ProjectCLI(LightningCLI):
 
     def after_test(self) -> None:
         finish_wandb()
-        if self.trainer.is_global_zero:  # Lightning has printed the metrics
-            print_run_dir(Path(self.trainer.default_root_dir))
+        if self.trainer.is_global_zero and Path(self.trainer.default_root_dir).is_dir():  # fast_dev_run: none
+            print(f"Run directory: {self.trainer.default_root_dir}", flush=True)
 
     after_validate = after_test
-
-
-def hyperparameter_dump(parser, config: Namespace) -> dict:
-    """The config as LightningCLI dumps it for the hyperparameters, with init_args in every class_path node."""
-    dump = yaml.safe_load(parser.dump(config, skip_link_targets=False, skip_none=False, format="yaml"))
-    nodes = [dump[config.subcommand] if "subcommand" in config else dump]
-    for node in nodes:
-        if isinstance(node, dict) and "class_path" in node and node.get("init_args") is None:
-            node["init_args"] = {}
-        nodes += node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
-    return nodes[0]
 
 
 def set_run_checkpoint(config: Namespace) -> None:
@@ -206,20 +202,8 @@ def set_run_checkpoint(config: Namespace) -> None:
         found[0].init_args[key] = value
 
 
-def untestable(model: L.LightningModule, datamodule: L.LightningDataModule | None) -> str:
-    """Why the after-fit test cannot run ("" when it can)."""
-    from lightning.pytorch.utilities.model_helpers import is_overridden
-
-    if not is_overridden("test_step", model):
-        return f"{type(model).__name__} has no test_step"
-    if not any(is_overridden("test_dataloader", m) for m in (model, datamodule) if m is not None):
-        return "neither the module nor the data module has a test_dataloader"
-    return ""
-
-
 def print_summary(run_dir: Path, data_state: dict | None = None, classifier: bool = True) -> None:
-    """summary.json as a table, what to look at or run next, then the run dir. make predict and export are named
-    for a classifier whose data module's state has what they read; a note says what it lacks."""
+    """summary.json as a table, what to look at or run next (or what predict and export lack), then the run dir."""
     from rich.console import Console
     from rich.table import Table
 
@@ -244,17 +228,11 @@ def print_summary(run_dir: Path, data_state: dict | None = None, classifier: boo
         serve = f"   |   make predict CKPT={best} INPUT=<image or folder>   |   make export CKPT={best}"
         print(f"Next: make tensorboard{serve if classifier and not gaps and best else ''}", flush=True)
     if classifier and gaps and not (data_state or {}).get("dataset"):
-        print(
+        sys.stderr.write(
             f"note: make predict and make export need the data module's state_dict() to return {', '.join(gaps)} "
-            '(docs/data.md "Predict and export").',
-            file=sys.stderr,
-            flush=True,
+            '(docs/data.md "Predict and export").\n'
         )
-    print_run_dir(run_dir)
-
-
-def print_run_dir(run_dir: Path) -> None:
-    if run_dir.is_dir():  # fast_dev_run writes nothing
+    if run_dir.is_dir():
         print(f"Run directory: {run_dir}", flush=True)
 
 
@@ -284,37 +262,17 @@ def build_cli(
     )
 
 
-RESUMES = "resumes.jsonl"  # in the run directory: each resume of the run and the changes it made
-
-
 def resume_as_started(argv: list[str]) -> list[str]:
     """`fit --ckpt_path <last or a run's checkpoint>` without `--config`: the run's own config.yaml, so a resume
-    continues the run as it was started. Every other flag is a change: printed, and recorded in resumes.jsonl."""
-    if (
-        not argv
-        or argv[0] != "fit"
-        or any(a in ("--config", "-c") or a.startswith("--config=") for a in argv)
-    ):
+    continues the run as it was started. Every other flag is a change, recorded (run_dir.record_resume)."""
+    flags = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("--ckpt_path", "--run_dir", "--config"):
+        flags.add_argument(name, *["-c"] * (name == "--config"), action="append")
+    given, changes = flags.parse_known_args(argv[1:])
+    run = run_dir.checkpoint_run(given.ckpt_path[-1] if given.ckpt_path else None)
+    if argv[:1] != ["fit"] or given.config or run is None or not (run / "config.yaml").is_file():
         return argv
-    ckpt_path, rest, i = None, [], 1
-    while i < len(argv):
-        key, eq, value = argv[i].partition("=")
-        if key in ("--ckpt_path", "--run_dir"):
-            value = value if eq else argv[i + 1] if i + 1 < len(argv) else None
-            ckpt_path = value if key == "--ckpt_path" else ckpt_path
-            i += 1 if eq else 2
-            continue
-        rest.append(argv[i])
-        i += 1
-    run = run_dir.checkpoint_run(ckpt_path)
-    if run is None or not (run / "config.yaml").is_file():
-        return argv
-    if env_rank() == 0:
-        said = f"; changed by this command: {' '.join(rest)}" if rest else " (no change)"
-        print(f"Resuming {run} as it was started: its config.yaml{said}.", flush=True)
-        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ckpt_path": str(ckpt_path), "changes": rest}
-        with open(run / RESUMES, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+    run_dir.record_resume(run, given.ckpt_path[-1], changes)
     return ["fit", "--config", str(run / "config.yaml"), *argv[1:]]
 
 

@@ -17,8 +17,7 @@ def env_rank() -> int:
 
 
 def quiet_non_zero_ranks() -> None:
-    """Rank 0 speaks for the run; other ranks print only warnings and errors, each line prefixed with the rank.
-    Python warnings are silenced there (every rank would repeat rank 0's); uncaught exceptions still print."""
+    """Rank 0 speaks for the run; the others print only errors and Lightning's warnings, prefixed with the rank."""
     if env_rank() == 0:
         return
     warnings.simplefilter("ignore")
@@ -56,8 +55,7 @@ def describe_world(trainer, batch_size: int | None, lr: float | None) -> str:
     accelerator = type(trainer.accelerator).__name__.replace("Accelerator", "")
     backend = process_group_backend(trainer.strategy)
     where = f"{accelerator} devices, {backend} backend"
-    if accelerator == "CPU":
-        where = f"CPU processes with {backend} (no GPU in use)"
+    where = f"CPU processes with {backend} (no GPU in use)" if accelerator == "CPU" else where
     line = f"{type(trainer.strategy).__name__}: world size {world} = {devices} per node x {nodes} node{'s' * (nodes > 1)}, {where}."
     if batch_size is not None:
         line += f" Per-device batch {batch_size}, effective global batch {batch_size * world}."

@@ -14,8 +14,7 @@ class ConfigError(ValueError):
 
 
 def find_in_chain(err: BaseException | None, kind: type[E]) -> E | None:
-    """The first exception of type `kind` among err's causes and contexts: libraries wrap errors (jsonargparse a
-    ConfigError raised while building a class, torch's zip writer a full disk's OSError)."""
+    """The first exception of type `kind` among err's causes and contexts (libraries wrap errors)."""
     seen = set()
     while err is not None and id(err) not in seen:
         if isinstance(err, kind):

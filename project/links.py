@@ -1,9 +1,7 @@
 """The data decides num_classes, in_channels and input_shape; the module and its model receive them, never typed.
 
-jsonargparse's links (ProjectCLI.add_arguments_to_parser) write the source's value, None included, over the
-default and over what the user typed: this decides which to make. A value reaches an argument only when the
-target takes it, the data module knows it (not None) and the user gave none.
-"""
+jsonargparse's links write the source's value, None included, over the default and what the user typed: a value
+reaches an argument here only when the target takes it, the data module knows it and the user gave none."""
 
 import inspect
 import pydoc

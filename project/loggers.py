@@ -30,11 +30,9 @@ def configure_wandb(init_args, run_dir: Path) -> None:
         return  # the user chose a mode explicitly
     if not wandb_key_configured():
         init_args.mode = "offline"
-        print(
+        sys.stderr.write(
             f"wandb: no API key (WANDB_API_KEY or `wandb login`), so logging offline to {run_dir}/wandb. "
-            f"Upload later with: wandb sync {run_dir}/wandb/offline-run-*",
-            file=sys.stderr,
-            flush=True,
+            f"Upload later with: wandb sync {run_dir}/wandb/offline-run-*\n"
         )
 
 

@@ -2,10 +2,10 @@
 useful line in the middle. The cases met most are recognised from that message; any other keeps its lines."""
 
 import difflib
-import importlib
 import inspect
 import pydoc
 import re
+import sys
 from collections.abc import Sequence
 
 from project.links import parameters
@@ -16,8 +16,7 @@ HELP = " Every key: python -m project fit --help."
 
 
 def explain(message: str, argv: Sequence[str]) -> str:
-    cases = _positional_dataset, _unannotated_function, _unknown_option, _no_module, _no_attribute, _unknown
-    for case in cases:
+    for case in (_positional_dataset, _unknown_option, _no_module, _no_attribute, _unknown):
         if text := case(message, argv):
             return text
     noise = ("Does not validate against any", "Subtypes:", "Errors:", "NoneType", "Given value type:")
@@ -31,20 +30,15 @@ def _closest(word: str, choices: Sequence[str], quote: str = "'") -> str:
     return f" Did you mean {quote}{close[0]}{quote.strip('-')}?" if close else ""
 
 
-def _flag(argv: Sequence[str], name: str) -> str:
-    """The flag that named key `name` last, as typed; the name when it came from a config file."""
-    keys = [a.split("=", 1)[0] for a in argv if a.startswith("--")]
-    return next((k for k in reversed(keys) if k == f"--{name}" or k.endswith(f".{name}")), name)
-
-
-def _flag_of_value(argv: Sequence[str], value: str) -> str:
-    """The flag whose value is `value` (a class path), or the value itself when it came from a config file."""
-    for i, arg in enumerate(argv):
-        if arg.endswith(f"={value}"):
-            return arg.split("=", 1)[0]
-        if arg == value and i > 0 and argv[i - 1].startswith("--"):
-            return f"{argv[i - 1]} {value}"
-    return value
+def _flag(argv: Sequence[str], name: str = "", value: str = "") -> str:
+    """The flag that set key `name` (or gave `value`) last, as typed; else what a config file named."""
+    for before, arg in reversed(list(zip(["", *argv], argv))):
+        key, _, given = arg.partition("=")
+        if name and key.startswith("--") and (key == f"--{name}" or key.endswith(f".{name}")):
+            return key
+        if value and value in (given, arg):
+            return key if given else f"{before} {value}"
+    return name or value
 
 
 def _unknown_option(message: str, argv: Sequence[str]) -> str | None:
@@ -85,29 +79,13 @@ def _positional_dataset(message: str, argv: Sequence[str]) -> str | None:
     )
 
 
-def _unannotated_function(message: str, argv: Sequence[str]) -> str | None:
-    found = re.search(r"Import path ([\w.]+) does not correspond to a subclass of (\w+)", message)
-    function = found and pydoc.locate(found[1])
-    if not inspect.isfunction(function):
-        return None
-    path, base = found.groups()
-    returns = inspect.signature(function).return_annotation
-    said = "has no return annotation" if returns is inspect.Signature.empty else "is annotated to return "
-    said += "" if returns is inspect.Signature.empty else str(getattr(returns, "__name__", returns))
-    return (
-        f"{_flag_of_value(argv, path)}: the function {path} {said}. A function takes the place of a {base} class "
-        f"only when it says it returns one: def {function.__name__}(...) -> {base}: (with {base} imported in "
-        "your file)."
-    )
-
-
 def _no_module(message: str, argv: Sequence[str]) -> str | None:
     found = re.search(r"Problem with given class_path '([\w.]+)':\s*No module named '([\w.]+)'", message)
     if not found:
         return None
     path, module = found.groups()
     return (
-        f"{_flag_of_value(argv, path)}: no module named '{module}' on the Python path, so '{path}' cannot be imported. "
+        f"{_flag(argv, value=path)}: no module named '{module}' on the Python path, so '{path}' cannot be imported. "
         f"If it is your file ({module.replace('.', '/')}.py), run from the folder that holds it or add that folder "
         f"to PYTHONPATH (PYTHONPATH=/path/to/folder make train ARGS=...); check the spelling of '{module}'."
     )
@@ -118,13 +96,9 @@ def _no_attribute(message: str, argv: Sequence[str]) -> str | None:
     if not found:
         return None
     module, name = found.groups()
-    try:
-        names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
-    except Exception:  # noqa: BLE001 - the suggestion is a courtesy
-        names = []
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    hint = f" Did you mean {module}.{close[0]}?" if close else f" It has: {', '.join(names[:20])}."
-    return f"{_flag_of_value(argv, f'{module}.{name}')}: module '{module}' has no '{name}'.{hint}"
+    names = [n for n in dir(sys.modules[module]) if not n.startswith("_")] if module in sys.modules else []
+    hint = _closest(f"{module}.{name}", [f"{module}.{n}" for n in names], quote="")
+    return f"{_flag(argv, value=f'{module}.{name}')}: module '{module}' has no '{name}'.{hint}"
 
 
 def _unknown(message: str, argv: Sequence[str]) -> str | None:
@@ -141,6 +115,6 @@ def _unknown(message: str, argv: Sequence[str]) -> str | None:
             "torch.optim.SGD --model.init_args.optimizer.init_args.lr 0.1 (any torch optimizer), and "
             "--model.init_args.scheduler <class path, or null for a constant lr>."
         )
-    trainer = key.startswith("trainer.")
-    choices = [f"trainer.{p}" for p in parameters("lightning.pytorch.Trainer")] if trainer else TOP_LEVEL
+    trainer = [f"trainer.{p}" for p in parameters("lightning.pytorch.Trainer")]
+    choices = trainer if key.startswith("trainer.") else TOP_LEVEL
     return f"{flag}: no such key.{_closest(key, choices, '--')}{HELP}"

@@ -1,15 +1,13 @@
-"""The run directory: which one a command uses, that it can be written, and pointing every writer at it.
+"""The run directory: decided once, before any class is built, and written into the config (config.yaml records it).
 
-`prepare` decides it once, between parsing the config and building any class, and writes it into the config
-(run_dir, default_root_dir, each logger's save_dir, each ModelCheckpoint's dirpath): config.yaml records it.
-Every rank parses the command line on its own and must reach the same answer: torchrun's rendezvous id, SLURM's
-job id, or, under Lightning's own launcher, which re-runs sys.argv for ranks 1.., `--run_dir` appended to sys.argv
-by rank 0 (an environment variable would stay set for a second run in this process). Nothing here creates a
-folder: a start that fails leaves no empty run for TensorBoard to list.
+Every rank parses the command line itself and must agree: torchrun's rendezvous id, SLURM's job id, or under
+Lightning's launcher (which re-runs sys.argv for ranks 1..) `--run_dir` appended to sys.argv by rank 0: an
+environment variable would stay set for a second run in the process. Nothing here creates a folder.
 """
 
 import errno
 import itertools
+import json
 import os
 import pydoc
 import shutil
@@ -114,8 +112,26 @@ def prepare(config, subcommand: str, command_line: bool) -> RunDir:
     return run
 
 
+def record_resume(run: Path, ckpt_path: str, changes: list[str]) -> None:
+    """Say that the run continues, and append the command's changes to its resumes.jsonl (rank 0)."""
+    from project.distributed import env_rank  # imported here: predict and export must not load lightning
+
+    if env_rank() == 0:
+        said = f"; changed by this command: {' '.join(changes)}" if changes else " (no change)"
+        print(f"Resuming {run} as it was started: its config.yaml{said}.", flush=True)
+        record = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "ckpt_path": str(ckpt_path),
+            "changes": changes,
+        }
+        with open(run / "resumes.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 def discard_if_no_checkpoint() -> None:
     """After a failed command: remove the run directories it created that hold no checkpoint (rank 0)."""
+    from project.distributed import env_rank
+
     while STARTED:
         run = STARTED.pop()
         if env_rank() == 0 and not any(run.checkpoints.glob("*.ckpt")):
@@ -128,9 +144,8 @@ def subclass_of(class_path: str, base: type) -> bool:
 
 
 def check_writable(run_dir: Path) -> None:
-    """Fail before training when the run directory cannot be written. Every rank probes at once, maybe on one
-    shared filesystem: a probe file of its own in the deepest existing folder, and no folder created or removed
-    (a shared one let a rank delete what another was checking)."""
+    """Every rank probes at once, maybe on one shared filesystem: a probe file of its own in the deepest existing
+    folder, no folder created or removed (a shared one let a rank delete what another was checking)."""
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     try:
         if not existing.is_dir():
@@ -147,15 +162,9 @@ def check_writable(run_dir: Path) -> None:
 
 def keep_csv_history(run_dir: Path) -> None:
     """CSVLogger deletes a metrics.csv it finds: keep it as metrics.<n>.csv (rank 0 only, as CSVLogger writes)."""
+    from project.distributed import env_rank
+
     metrics = run_dir / "metrics.csv"
     if env_rank() == 0 and metrics.exists():
         n = next(n for n in itertools.count(1) if not (run_dir / f"metrics.{n}.csv").exists())
         metrics.rename(run_dir / f"metrics.{n}.csv")
-
-
-def env_rank() -> int:
-    """project.distributed.env_rank, imported when called: predict and export import checkpoint_run from here and
-    must not load lightning."""
-    from project.distributed import env_rank as launcher_rank
-
-    return launcher_rank()

@@ -25,11 +25,9 @@ def outside_pins(distribution: str = "project") -> list[str]:
 def warn_outside_pins() -> None:
     if found := outside_pins():
         quoted = " ".join(f"'{f.split(' (installed')[0]}'" for f in found)
-        print(
+        sys.stderr.write(
             f"note: outside the tested versions: {'; '.join(found)}. If the run fails inside Lightning, install "
-            f'the tested range: {sys.executable} -m pip install {quoted} (README "Your own environment").',
-            file=sys.stderr,
-            flush=True,
+            f'the tested range: {sys.executable} -m pip install {quoted} (README "Your own environment").\n'
         )
 
 
