@@ -20,7 +20,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project import links, run_dir
-from project.callbacks.log_config import LogConfig
+from project.callbacks.log_config import LogConfig, redact
 from project.callbacks.report import RunReport, is_classifier
 from project.checkpoint import check_checkpoint, read_checkpoint
 from project.console import drop_inapplicable_messages
@@ -120,7 +120,11 @@ class ProjectCLI(LightningCLI):
         config = self.config[subcommand] if self.subcommand else self.config
         if subcommand == "fit":
             set_run_checkpoint(config)
-        run_dir.prepare(config, subcommand, command_line=self.parsed_sys_argv)
+        parser = self._parser(
+            self.subcommand
+        )  # the config as config.yaml holds it: continue_run compares them
+        dump = lambda c: yaml.safe_load(parser.dump(redact(c), skip_none=False))  # noqa: E731
+        run_dir.prepare(config, subcommand, self.parsed_sys_argv, dump if self.subcommand else None)
         # Lightning records the hyperparameters from config_dump, then writes each linked value into it at
         # "model.init_args.<arg>": that failed for a nested class dumped without init_args (all its arguments linked).
         dump = yaml.safe_load(

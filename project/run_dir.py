@@ -17,10 +17,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from project.errors import ConfigError
 from project.loggers import configure_loggers
 
 RUNS_DIR = Path("runs")
+# What a fit writes into its run directory (configs/logger/ overlays included)
+RUN_FILES = (
+    "config.yaml",
+    "hparams.yaml",
+    "metrics*.csv",
+    "events.out.tfevents.*",
+    "summary.json",
+    "report.png",
+)
+RUN_FILES += ("resumes.jsonl", "checkpoints", "wandb")
+LIMITS = ("trainer.max_epochs", "trainer.max_steps")  # raising one continues a run (continue_run)
 # --ckpt_path values that name no file: Lightning resolves them itself
 LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 
@@ -88,11 +101,25 @@ def choose(subcommand: str, run_dir: str | None, ckpt_path: str | None) -> RunDi
     return RunDir(path=path, checkpoints=(trained or path) / "checkpoints")
 
 
-def prepare(config, subcommand: str, command_line: bool) -> RunDir:
-    """command_line: the config was parsed from sys.argv, which Lightning's DDP launcher re-runs for ranks 1.."""
+def prepare(config, subcommand: str, command_line: bool, dump=None) -> RunDir:
+    """command_line: the config was parsed from sys.argv, which Lightning's DDP launcher re-runs for ranks 1..;
+    dump: the config as config.yaml holds it, for a fit that continues the run in its directory (continue_run)."""
     given = config.get("run_dir")
     run = choose(subcommand, given, config.get("ckpt_path"))
     check_writable(run.path)
+    found = [
+        run.checkpoints / "last.ckpt",
+        *run.path.glob("hpc_ckpt_*.ckpt"),
+    ]  # hpc: Lightning's SLURM requeue
+    ckpt = max((p for p in found if p.is_file()), key=os.path.getmtime, default=None)
+    fresh = subcommand == "fit" and dump is not None and not config.get("ckpt_path")
+    if (
+        fresh
+        and not ckpt
+        and (run.path / "config.yaml").is_file()
+        and not (run.path / "summary.json").exists()
+    ):
+        remove_dead_attempt(run.path)
     if not run.path.exists():
         STARTED.append(run)
     config.run_dir = str(run.path)  # recorded in config.yaml
@@ -106,10 +133,53 @@ def prepare(config, subcommand: str, command_line: bool) -> RunDir:
         # A fixed folder (not Lightning's version_N) lets `--ckpt_path last` find it.
         if subclass_of(callback.class_path, ModelCheckpoint) and callback.init_args.get("dirpath") is None:
             callback.init_args.dirpath = str(run.checkpoints)
+    if fresh and ckpt:
+        continue_run(config, run.path, ckpt, dump)
     keep_csv_history(run.path)
     if command_line and not given:
         sys.argv += ["--run_dir", str(run.path)]
     return run
+
+
+def continue_run(config, run: Path, ckpt: Path, dump) -> None:
+    """A fit into a run directory that holds a checkpoint continues that run, as `make resume` does: when the
+    config is the run's, or raises only max_epochs/max_steps. Any other change is refused; a run that finished
+    (fit returned: its limit reached or a callback stopped it, not a signal) is left as it is."""
+    from project.callbacks.log_config import LOCATION_KEY, flatten
+    from project.checkpoint import read_checkpoint
+    from project.distributed import env_rank
+
+    saved, now = flatten(yaml.safe_load((run / "config.yaml").read_text())), flatten(dump(config))
+    changed = [k for k in sorted(saved | now) if saved.get(k) != now.get(k) and not LOCATION_KEY.search(k)]
+    limit = lambda v: float("inf") if v in (None, -1) else v  # noqa: E731 - unset: no limit
+    raised = [k for k in changed if k in LIMITS and limit(now.get(k)) > limit(saved.get(k))]
+    if others := [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed if k not in raised]:
+        raise ConfigError(
+            f"{run} holds a run started with another config ({'; '.join(others)}), which this command would "
+            f'continue from {ckpt}. Nothing was changed. To continue it with this change: make resume ARGS="--ckpt_path '
+            f'{ckpt} --<key> <value>" (recorded in its resumes.jsonl); for a new run with this config: --run_dir '
+            "runs/<new name>."
+        )
+    summary = run / "summary.json"
+    steps = json.loads(summary.read_text()).get("global_step") if summary.exists() else None
+    if not raised and steps == read_checkpoint(ckpt, mmap=True)["global_step"]:
+        if env_rank() == 0:
+            print(
+                f"{run} has finished ({steps} steps); nothing to do. To train on, run this command with a higher "
+                "--trainer.max_epochs (or --trainer.max_steps); for a new run, --run_dir runs/<new name>.",
+                flush=True,
+            )
+        raise SystemExit(0)
+    config.ckpt_path = str(ckpt)
+    record_resume(run, ckpt, [arg for k in raised for arg in (f"--{k}", str(now[k]))])
+
+
+def remove_dead_attempt(run: Path) -> None:
+    """What a run that died before its first checkpoint wrote, so that none of it mixes into the new one (rank 0)."""
+    from project.distributed import env_rank
+
+    for path in (p for pattern in RUN_FILES for p in run.glob(pattern)) if env_rank() == 0 else ():
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def record_resume(run: Path, ckpt_path: str, changes: list[str]) -> None:
