@@ -107,18 +107,11 @@ def prepare(config, subcommand: str, command_line: bool, dump=None) -> RunDir:
     given = config.get("run_dir")
     run = choose(subcommand, given, config.get("ckpt_path"))
     check_writable(run.path)
-    found = [
-        run.checkpoints / "last.ckpt",
-        *run.path.glob("hpc_ckpt_*.ckpt"),
-    ]  # hpc: Lightning's SLURM requeue
-    ckpt = max((p for p in found if p.is_file()), key=os.path.getmtime, default=None)
     fresh = subcommand == "fit" and dump is not None and not config.get("ckpt_path")
-    if (
-        fresh
-        and not ckpt
-        and (run.path / "config.yaml").is_file()
-        and not (run.path / "summary.json").exists()
-    ):
+    # The newest checkpoint a fit without --ckpt_path continues from (hpc_ckpt: Lightning's SLURM requeue)
+    found = [p for p in (run.checkpoints / "last.ckpt", *run.path.glob("hpc_ckpt_*.ckpt")) if p.is_file()]
+    ckpt = max(found, key=os.path.getmtime, default=None) if fresh else None
+    if fresh and not ckpt:
         remove_dead_attempt(run.path)
     if not run.path.exists():
         STARTED.append(run)
@@ -175,11 +168,13 @@ def continue_run(config, run: Path, ckpt: Path, dump) -> None:
 
 
 def remove_dead_attempt(run: Path) -> None:
-    """What a run that died before its first checkpoint wrote, so that none of it mixes into the new one (rank 0)."""
+    """The files of a run that died before its first checkpoint (config.yaml, no summary.json), so that none of
+    them mixes into the new run (rank 0)."""
     from project.distributed import env_rank
 
-    for path in (p for pattern in RUN_FILES for p in run.glob(pattern)) if env_rank() == 0 else ():
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if env_rank() == 0 and (run / "config.yaml").is_file() and not (run / "summary.json").exists():
+        for path in [p for pattern in RUN_FILES for p in run.glob(pattern)]:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def record_resume(run: Path, ckpt_path: str, changes: list[str]) -> None:
