@@ -120,11 +120,11 @@ class ProjectCLI(LightningCLI):
         config = self.config[subcommand] if self.subcommand else self.config
         if subcommand == "fit":
             set_run_checkpoint(config)
-        parser = self._parser(
-            self.subcommand
-        )  # the config as config.yaml holds it: continue_run compares them
-        dump = lambda c: yaml.safe_load(parser.dump(redact(c), skip_none=False))  # noqa: E731
-        run_dir.prepare(config, subcommand, self.parsed_sys_argv, dump if self.subcommand else None)
+
+        def saved() -> dict:  # the config as config.yaml holds it: a fit that continues its run compares them
+            return yaml.safe_load(self.parser.dump(redact(self.config), skip_none=False))[subcommand]
+
+        run_dir.prepare(config, subcommand, self.parsed_sys_argv, saved if self.subcommand else None)
         # Lightning records the hyperparameters from config_dump, then writes each linked value into it at
         # "model.init_args.<arg>": that failed for a nested class dumped without init_args (all its arguments linked).
         dump = yaml.safe_load(
@@ -273,8 +273,10 @@ def resume_as_started(argv: list[str]) -> list[str]:
     for name in ("--ckpt_path", "--run_dir", "--config"):
         flags.add_argument(name, *["-c"] * (name == "--config"), action="append")
     given, changes = flags.parse_known_args(argv[1:])
-    run = run_dir.checkpoint_run(given.ckpt_path[-1] if given.ckpt_path else None)
-    if argv[:1] != ["fit"] or given.config or run is None or not (run / "config.yaml").is_file():
+    if argv[:1] != ["fit"] or given.config or not given.ckpt_path:  # with --config: that config is meant
+        return argv
+    run = run_dir.checkpoint_run(given.ckpt_path[-1])
+    if run is None or not (run / "config.yaml").is_file():
         return argv
     run_dir.record_resume(run, given.ckpt_path[-1], changes)
     return ["fit", "--config", str(run / "config.yaml"), *argv[1:]]

@@ -142,7 +142,7 @@ def continue_run(config, run: Path, ckpt: Path, dump) -> None:
     from project.checkpoint import read_checkpoint
     from project.distributed import env_rank
 
-    saved, now = flatten(yaml.safe_load((run / "config.yaml").read_text())), flatten(dump(config))
+    saved, now = flatten(yaml.safe_load((run / "config.yaml").read_text())), flatten(dump())
     changed = [k for k in sorted(saved | now) if saved.get(k) != now.get(k) and not LOCATION_KEY.search(k)]
     limit = lambda v: float("inf") if v in (None, -1) else v  # noqa: E731 - unset: no limit
     raised = [k for k in changed if k in LIMITS and limit(now.get(k)) > limit(saved.get(k))]
