@@ -1,9 +1,5 @@
-"""What a run prints: Lightning's messages that do not apply to this template are dropped, nothing else.
-
-Its "💡 Tip: ... litlogger / litmodels" advertising, on every fit; CSVLogger's "Experiment logs directory ... is
-not empty" (the run directory always holds other files, and the one it deletes, an earlier metrics.csv, is kept
-first: project/run_dir.py); torch's LeafSpec FutureWarning, raised by Lightning's own code on every fit.
-"""
+"""Lightning's messages that do not apply here: its "💡 Tip:" ads, CSVLogger's "logs directory ... is not empty"
+(the run directory holds other files; the metrics.csv it deletes is kept first), torch's LeafSpec warning."""
 
 import logging
 import warnings

@@ -1,5 +1,5 @@
-"""Multi-process runs: the launcher's rank before DDP exists, quiet non-zero ranks, the CPU thread split, and the
-one-line world summary. (The run directory all ranks agree on: project/run_dir.py.)"""
+"""Multi-process runs: the launcher's rank before DDP exists, quiet non-zero ranks, the one-line world summary.
+(Lightning's launchers split the CPU threads between a node's processes unless OMP_NUM_THREADS is set.)"""
 
 import logging
 import os
@@ -17,8 +17,7 @@ def env_rank() -> int:
 
 
 def quiet_non_zero_ranks() -> None:
-    """Rank 0 speaks for the run; other ranks print only warnings and errors, each line prefixed with the rank.
-    Python warnings are silenced there (every rank would repeat rank 0's); uncaught exceptions still print."""
+    """Rank 0 speaks for the run; the others print only errors and Lightning's warnings, prefixed with the rank."""
     if env_rank() == 0:
         return
     warnings.simplefilter("ignore")
@@ -40,17 +39,9 @@ def quiet_non_zero_ranks() -> None:
     sys.excepthook = hook
 
 
-def share_cpu_threads(trainer) -> None:
-    """CPU DDP: split the cores between this node's processes, unless OMP_NUM_THREADS says otherwise (processes
-    each running one intra-op thread per core oversubscribe them, several times slower)."""
-    if type(trainer.accelerator).__name__ == "CPUAccelerator" and "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        torch.set_num_threads(max(1, cores // max(1, trainer.num_devices)))
-
-
 def process_group_backend(strategy) -> str:
-    """The process group's backend: the one in use, else the one the strategy will ask for. Before `trainer.fit`
-    sets up DDP, Lightning takes torch's default for the root device (gloo on CPU, nccl on CUDA) unless configured."""
+    """The process group's backend: the one in use, else the one the strategy will ask for (torch's default for
+    the root device unless configured)."""
     if getattr(strategy, "process_group_backend", None):
         return str(strategy.process_group_backend)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -59,14 +50,12 @@ def process_group_backend(strategy) -> str:
 
 
 def describe_world(trainer, batch_size: int | None, lr: float | None) -> str:
-    """'DDPStrategy: world size 2 = 2 per node x 1 node, CPU processes with gloo (no GPU in use). ...', printed by
-    rank 0 before fit."""
+    """'DDPStrategy: world size 2 = 2 per node x 1 node, CPU processes with gloo (no GPU in use). ...'"""
     devices, nodes, world = trainer.num_devices, trainer.num_nodes, trainer.world_size
     accelerator = type(trainer.accelerator).__name__.replace("Accelerator", "")
     backend = process_group_backend(trainer.strategy)
     where = f"{accelerator} devices, {backend} backend"
-    if accelerator == "CPU":
-        where = f"CPU processes with {backend} (no GPU in use)"
+    where = f"CPU processes with {backend} (no GPU in use)" if accelerator == "CPU" else where
     line = f"{type(trainer.strategy).__name__}: world size {world} = {devices} per node x {nodes} node{'s' * (nodes > 1)}, {where}."
     if batch_size is not None:
         line += f" Per-device batch {batch_size}, effective global batch {batch_size * world}."

@@ -14,11 +14,7 @@ class ConfigError(ValueError):
 
 
 def find_in_chain(err: BaseException | None, kind: type[E]) -> E | None:
-    """The first exception of type `kind` in err's chain of causes (`raise ... from`) and contexts, or None.
-
-    Libraries wrap errors: jsonargparse wraps a ConfigError raised while instantiating a class, torch's zip writer
-    turns a full disk's OSError into a RuntimeError.
-    """
+    """The first exception of type `kind` among err's causes and contexts (libraries wrap errors)."""
     seen = set()
     while err is not None and id(err) not in seen:
         if isinstance(err, kind):
@@ -29,25 +25,32 @@ def find_in_chain(err: BaseException | None, kind: type[E]) -> E | None:
 
 
 def user_error_paragraph(err: BaseException) -> str | None:
-    """The paragraph to print for an error the user can fix (a ConfigError anywhere in err's chain, running out of
-    GPU memory), or None for anything else: a bug, whose traceback must show."""
-    torch = sys.modules.get(
-        "torch"
-    )  # not imported here: a tool that never loaded torch cannot run out of memory
-    if torch is not None and isinstance(err, torch.OutOfMemoryError):  # the fix, not a CUDA allocator dump
+    """The paragraph for an error the user can fix, or None for a bug, whose traceback must show."""
+    torch = sys.modules.get("torch")  # not imported: a tool that never loaded torch cannot run out of memory
+    if torch is not None and isinstance(err, torch.OutOfMemoryError):
         first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
         return (
             f"out of GPU memory ({first[:160]}). Lower the batch size, e.g. --data.init_args.batch_size 32 "
             "(the learning rate may need lowering with it), or use mixed precision: --trainer.precision bf16-mixed. "
             "Resume the run with --ckpt_path last."
         )
-    config_error = find_in_chain(err, ConfigError) or nondeterministic_op_error(err)
-    return None if config_error is None else str(config_error)
+    if config_error := find_in_chain(err, ConfigError):
+        return str(config_error)
+    while err is not None:  # torch's error for an op without a deterministic kernel
+        if found := re.search(r"(\S+) does not have a deterministic implementation", str(err)):
+            return (
+                f"{found[1]} has no deterministic implementation on this device, and the config asks for one "
+                "(trainer.deterministic: true, the default). Run with --trainer.deterministic warn to let it run "
+                "nondeterministically (a warning names it; runs may then differ in the last bits), or replace that "
+                "op in the model (for AdaptiveAvgPool2d, an input size that divides the output size exactly)."
+            )
+        err = err.__cause__ or err.__context__
+    return None
 
 
 @contextlib.contextmanager
 def exit_on_user_error() -> Iterator[None]:
-    """Print a user error as one paragraph on stderr and exit with code 2; let every other exception through."""
+    """A user error as one paragraph on stderr and exit code 2; an error in the user's code names its frame."""
     try:
         yield
     except Exception as err:
@@ -64,8 +67,8 @@ def exit_on_user_error() -> Iterator[None]:
 
 
 def user_code_frame(err: BaseException) -> str | None:
-    """'file:line in function' of the innermost frame outside Python, the installed packages and this package
-    (the user's model, collate_fn, dataset), or None. A DataLoader worker's error carries its traceback as text."""
+    """'file:line in function' of the innermost frame outside Python, the installed packages and this package,
+    or None. A DataLoader worker's error carries its traceback as text."""
     import sysconfig
     import traceback
     from pathlib import Path
@@ -78,19 +81,4 @@ def user_code_frame(err: BaseException) -> str | None:
     for filename, line, name in reversed(frames):
         if not filename.startswith("<") and not str(Path(filename).resolve()).startswith(library):
             return f"{filename}:{line} in {name}"
-    return None
-
-
-def nondeterministic_op_error(err: BaseException) -> ConfigError | None:
-    """torch's RuntimeError for an op without a deterministic kernel (under `deterministic: true`), with the fix."""
-    while err is not None:
-        found = re.search(r"(\S+) does not have a deterministic implementation", str(err))
-        if found:
-            return ConfigError(
-                f"{found[1]} has no deterministic implementation on this device, and the config asks for one "
-                "(trainer.deterministic: true, the default). Run with --trainer.deterministic warn to let it run "
-                "nondeterministically (a warning names it; runs may then differ in the last bits), or replace that "
-                "op in the model (for AdaptiveAvgPool2d, an input size that divides the output size exactly)."
-            )
-        err = err.__cause__ or err.__context__
     return None

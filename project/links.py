@@ -1,13 +1,10 @@
 """The data decides num_classes, in_channels and input_shape; the module and its model receive them, never typed.
 
-A value reaches an argument only when the target (a class or a builder function such as
-`torchvision.models.resnet18`) takes it, the data module knows it (its attribute is not None) and the user gave
-none (a value other than the argument's default). jsonargparse's links (ProjectCLI.add_arguments_to_parser) do
-the writing; this module decides which to make: by themselves they write the source's value, None included, over
-the default and over what the user typed.
-"""
+jsonargparse's links write the source's value, None included, over the default and what the user typed: a value
+reaches an argument here only when the target takes it, the data module knows it and the user gave none."""
 
 import inspect
+import pydoc
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +29,6 @@ class Link:
     default: Any  # the argument's default (inspect.Parameter.empty when it has none)
 
     def value(self, data) -> Any:
-        """The data's value, else the argument's default; a required argument the data cannot fill is an error."""
         found = getattr(data, self.attribute, None)
         if found is not None:
             return found
@@ -57,7 +53,7 @@ def plan(config: Namespace, given: set[str] = frozenset()) -> list[Link]:
         if name not in init:  # jsonargparse lists the arguments it found (through **kwargs too)
             continue
         if target not in given:  # not the parsed value: a class path change keeps the old class's values
-            links.append(Link(attribute, target, node.class_path, argument_default(node.class_path, name)))
+            links.append(Link(attribute, target, node.class_path, parameters(node.class_path).get(name)))
     return links
 
 
@@ -65,26 +61,25 @@ def given_keys(args: list[str] | dict, config_files: list[str] = ()) -> set[str]
     """The dotted keys a command sets: its `--key value` flags and the keys of its YAML files (`--config`)."""
     import yaml
 
-    keys, documents = set(), [yaml.safe_load(_read(f)) for f in config_files]
+    def read(path: str) -> str:
+        try:
+            return open(path, encoding="utf-8").read()
+        except OSError:  # the parser says what is wrong with it
+            return ""
+
+    keys, documents = set(), [yaml.safe_load(read(f)) for f in config_files]
     if isinstance(args, dict):
         documents.append(args)
     else:
         for i, arg in enumerate(args):
             if arg in ("--config", "-c") and i + 1 < len(args):  # a file, or the YAML itself
                 value = str(args[i + 1])
-                documents.append(yaml.safe_load(_read(value) if "\n" not in value else value))
+                documents.append(yaml.safe_load(read(value) if "\n" not in value else value))
             elif arg.startswith("--"):
                 keys.add(arg[2:].split("=", 1)[0])
     for document in documents:
         keys |= _flat_keys(document) if isinstance(document, dict) else set()
     return keys
-
-
-def _read(path: str) -> str:
-    try:
-        return open(path, encoding="utf-8").read()
-    except OSError:  # the parser says what is wrong with it
-        return ""
 
 
 def _flat_keys(node: dict, prefix: str = "") -> set[str]:
@@ -96,23 +91,25 @@ def _flat_keys(node: dict, prefix: str = "") -> set[str]:
     return keys
 
 
-def argument_default(callable_path: str, name: str) -> Any:
-    """The default of argument `name` as the parser sees it (through **kwargs too); Parameter.empty if required."""
-    import pydoc
-
-    target = pydoc.locate(callable_path)
+def parameters(callable_path: str) -> dict[str, Any]:
+    """The arguments of a class (through **kwargs too) or function as the parser reads them, each with its default
+    (Parameter.empty when required); {} when it cannot be imported: the parser says why."""
+    try:
+        target = pydoc.locate(callable_path)
+    except pydoc.ErrorDuringImport:
+        return {}
+    if target is None:
+        return {}
     parser = ArgumentParser(exit_on_error=False)
     add = parser.add_class_arguments if isinstance(target, type) else parser.add_function_arguments
     add(target, fail_untyped=False, sub_configs=True)
-    default = parser.get_defaults(skip_validation=True).get(name)
-    if default is None:  # None, or required (a linked argument is optional to the parser)
-        signatures = (
-            [vars(k).get("__init__") for k in inspect.getmro(target)]
-            if add == parser.add_class_arguments
-            else [target]
-        )
+    found = vars(parser.get_defaults(skip_validation=True))
+    signatures = (
+        [vars(k).get("__init__") for k in inspect.getmro(target)] if isinstance(target, type) else [target]
+    )
+    for name in [n for n, default in found.items() if default is None]:  # None, or required (a linked one)
         for function in filter(None, signatures):
-            parameter = inspect.signature(function).parameters.get(name)
-            if parameter is not None:
-                return inspect.Parameter.empty if parameter.default is parameter.empty else parameter.default
-    return default
+            if (parameter := inspect.signature(function).parameters.get(name)) is not None:
+                found[name] = parameter.default
+                break
+    return found

@@ -1,5 +1,4 @@
-"""Logger choices resolved against the run directory: combinable overlays, each logger's save_dir, and W&B
-online/offline + resume."""
+"""The config's loggers pointed at the run directory; W&B offline without a key, and resumed with its run."""
 
 import netrc
 import os
@@ -10,9 +9,8 @@ from pathlib import Path
 
 
 def configure_loggers(loggers: list, run_dir: Path) -> list:
-    """One logger per class (overlays append with `logger+:`; the later config's settings win), each save_dir the
-    run directory as an absolute path: TensorBoard's writer thread resolves a relative one against the working
-    directory of that moment, which jsonargparse changes while it reads a config file."""
+    """One logger per class (overlays append with `logger+:`; the later one wins), each save_dir the run directory,
+    absolute: TensorBoard's writer thread resolves a relative one in the working directory of the moment."""
     by_class = {logger.class_path: logger for logger in loggers}  # a dict keeps the first position
     for logger in by_class.values():
         if "save_dir" in logger.init_args:
@@ -23,9 +21,8 @@ def configure_loggers(loggers: list, run_dir: Path) -> list:
 
 
 def configure_wandb(init_args, run_dir: Path) -> None:
-    """The run directory's W&B id, an absolute save_dir (W&B's service process outlives a run and resolves paths in
-    its own directory), and offline mode without an API key: W&B's own `mode="offline"`, since WandbLogger's
-    `offline=True` sets WANDB_MODE in os.environ, which a second run in the process would read as the user's."""
+    """The run directory's W&B id, and without an API key W&B's own `mode="offline"`: WandbLogger's `offline=True`
+    sets WANDB_MODE in os.environ, which a second run in the process would read as the user's."""
     init_args.save_dir = str(Path(run_dir).absolute())
     if init_args.get("id") is None and init_args.get("version") is None:
         init_args.id = wandb_run_id(run_dir)
@@ -33,18 +30,15 @@ def configure_wandb(init_args, run_dir: Path) -> None:
         return  # the user chose a mode explicitly
     if not wandb_key_configured():
         init_args.mode = "offline"
-        print(
+        sys.stderr.write(
             f"wandb: no API key (WANDB_API_KEY or `wandb login`), so logging offline to {run_dir}/wandb. "
-            f"Upload later with: wandb sync {run_dir}/wandb/offline-run-*",
-            file=sys.stderr,
-            flush=True,
+            f"Upload later with: wandb sync {run_dir}/wandb/offline-run-*\n"
         )
 
 
 def wandb_run_id(run_dir: Path) -> str:
-    """The id of the W&B run that last logged into this run directory (a resume continues it), else a new one:
-    read back from W&B's own `<run dir>/wandb/[offline-]run-<YYYYmmdd_HHMMSS>-<id>`, so nothing is written before
-    the run starts. Only rank 0 opens the W&B run: the ids other ranks draw are never used."""
+    """The id of the W&B run that last logged into this run directory (a resume continues it), read from W&B's own
+    `<run dir>/wandb/[offline-]run-<YYYYmmdd_HHMMSS>-<id>`; else a new one (only rank 0's is used)."""
     folders = [p for p in Path(run_dir, "wandb").glob("*run-*-*") if p.is_dir() and not p.is_symlink()]
     if folders:  # the newest, by the timestamp in its name
         return max(folders, key=lambda p: p.name.rsplit("-", 2)[-2]).name.rsplit("-", 1)[1]
@@ -52,7 +46,6 @@ def wandb_run_id(run_dir: Path) -> str:
 
 
 def wandb_key_configured() -> bool:
-    """True when W&B can authenticate: WANDB_API_KEY, or credentials that `wandb login` saved in ~/.netrc."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]

@@ -1,74 +1,44 @@
-"""A config or flag the parser refuses, said in one paragraph: what is wrong, the closest match, and the fix.
-
-jsonargparse explains a refused key or class path with every Union alternative it tried, the useful line in the
-middle. The cases a person meets most are recognised here from its message and said in one paragraph; anything
-else keeps the parser's own lines, shortened (`condense`).
-"""
+"""A refusal of jsonargparse in one paragraph with the fix: its message lists every Union alternative it tried, the
+useful line in the middle. The cases met most are recognised from that message; any other keeps its lines."""
 
 import difflib
-import importlib
 import inspect
 import pydoc
 import re
+import sys
 from collections.abc import Sequence
 
-TOP_LEVEL = (
-    "config",
-    "seed_everything",
-    "trainer",
-    "model",
-    "data",
-    "ckpt_path",
-    "run_dir",
-    "test_after_fit",
-)
-TOP_LEVEL += ("checkpoint_every_n_steps", "monitor", "mode")
+from project.links import parameters
+
+TOP_LEVEL = "config seed_everything trainer model data ckpt_path run_dir test_after_fit".split()
+TOP_LEVEL += ["checkpoint_every_n_steps", "monitor", "mode"]
+HELP = " Every key: python -m project fit --help."
 
 
 def explain(message: str, argv: Sequence[str]) -> str:
-    """One paragraph for a refused argument, with `did you mean` where a close match exists."""
-    cases = (_positional_dataset, _unannotated_function, _unknown_option, _missing_module, _missing_attribute)
-    for explain_case in (*cases, _unrecognized):
-        text = explain_case(message, argv)
-        if text:
+    for case in (_positional_dataset, _unknown_option, _no_module, _no_attribute, _unknown):
+        if text := case(message, argv):
             return text
-    return condense(message)
+    noise = ("Does not validate against any", "Subtypes:", "Errors:", "NoneType", "Given value type:")
+    lines = [s.strip(" -") for s in message.splitlines() if s.strip() and not any(n in s for n in noise)]
+    text = "\n  ".join(lines)
+    return f"invalid arguments or config: {text}\nThe accepted keys and their types: python -m project fit --help"
 
 
-def condense(message: str) -> str:
-    """The parser's lines without the Union alternatives' noise."""
-    noise = (
-        "Does not validate against any of the Union",
-        "Subtypes:",
-        "Errors:",
-        "NoneType",
-        "Given value type:",
-    )
-    lines = [
-        line.strip(" -")
-        for line in message.splitlines()
-        if line.strip() and not any(n in line for n in noise)
-    ]
-    return (
-        "invalid arguments or config: "
-        + "\n  ".join(lines)
-        + "\nThe accepted keys and their types: python -m project "
-        "fit --help"
-    )
-
-
-def _closest(word: str, choices: Sequence[str]) -> str:
+def _closest(word: str, choices: Sequence[str], quote: str = "'") -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" Did you mean '{close[0]}'?" if close else ""
+    return f" Did you mean {quote}{close[0]}{quote.strip('-')}?" if close else ""
 
 
-def _flag(argv: Sequence[str], name: str) -> str:
-    """The command-line flag (or config key) that named `name` last, as the user typed it."""
-    for arg in reversed(argv):
-        key = arg.split("=", 1)[0]
-        if key.startswith("--") and (key == f"--{name}" or key.endswith(f".{name}")):
+def _flag(argv: Sequence[str], name: str = "", value: str = "") -> str:
+    """The flag that set key `name` (or gave `value`) last, as typed; else what a config file named."""
+    for before, arg in reversed(list(zip(["", *argv], argv))):
+        key, _, given = arg.partition("=")
+        if name and key.startswith("--") and (key == f"--{name}" or key.endswith(f".{name}")):
             return key
-    return name
+        if value and value in (given, arg):
+            return key if given else f"{before} {value}"
+    return name or value
 
 
 def _unknown_option(message: str, argv: Sequence[str]) -> str | None:
@@ -76,26 +46,17 @@ def _unknown_option(message: str, argv: Sequence[str]) -> str | None:
     option = re.search(r"Option '([\w.]+)' is not accepted", message)
     if not owners or not option:
         return None
-    # A callable argument (the optimizer, the scheduler) names its own class in the value it was given, inside the
-    # error of the class that takes it: that inner class is the one without the argument.
-    given = re.search(
-        r"Option '[\w.]+' is not accepted\. Got value: Namespace\(class_path='([\w.]+)'", message
-    )
-    owner, name = given.group(1) if given else owners[-1], option.group(1).split(".")[-1]
-    params = constructor_parameters(owner)
-    if given:  # the module passes an optimizer its parameters and a scheduler its optimizer: not config keys
-        params = [p for p in params if p not in ("params", "optimizer")]
-    where = _flag(argv, name)
+    # A callable argument (the optimizer) names its class in the value given, inside the error of its owner.
+    given = re.search(r"is not accepted\. Got value: Namespace\(class_path='([\w.]+)'", message)
+    owner, name = given[1] if given else owners[-1], option[1].split(".")[-1]
+    # The module passes an optimizer its parameters and a scheduler its optimizer: not config keys.
+    params = [p for p in parameters(owner) if not (given and p in ("params", "optimizer"))]
     listed = f" Its arguments: {', '.join(params)}." if params else ""
-    return (
-        f"{where}: {owner} takes no argument '{name}'.{_closest(name, params)}{listed} Every key: python -m project "
-        "fit --help."
-    )
+    return f"{_flag(argv, name)}: {owner} takes no argument '{name}'.{_closest(name, params)}{listed}{HELP}"
 
 
 def _positional_dataset(message: str, argv: Sequence[str]) -> str | None:
-    """A Dataset whose constructor takes positional arguments only (TensorDataset(*tensors)): a config names every
-    argument, and a function that builds the dataset takes the class's place."""
+    """A Dataset taking positional arguments only (TensorDataset(*tensors)): a config names every argument."""
     found = re.search(
         r'Parser key "(\w+)":\s*Problem with given class_path \'([\w.]+)\':\s*'
         r"(?:Option '(\w+)' is not accepted|'list' object has no attribute 'keys')",
@@ -106,109 +67,54 @@ def _positional_dataset(message: str, argv: Sequence[str]) -> str | None:
         return None
     key, path, option = found.groups()
     star = [p.name for p in inspect.signature(cls).parameters.values() if p.kind == p.VAR_POSITIONAL]
-    if not star or (option and _closest(option, constructor_parameters(path))):
+    if not star or (option and _closest(option, list(parameters(path)))):
         return None
     flag = _flag(argv, option or key)
-    where = flag if flag.startswith("--") else key
     return (
-        f"{where}: {path} takes its arguments by position (*{star[0]}), and a config gives arguments by name "
-        "only. Write a function that builds the dataset, annotated to return a Dataset, and give its import path "
-        "as the class_path (a function works wherever a class does):\n  my_data.py:  def make_dataset(n: int = "
-        f"100) -> Dataset: return {cls.__name__}(torch.randn(n, 8), torch.arange(n) % 2)\n  the config:  {key}: "
-        "{class_path: my_data.make_dataset, init_args: {n: 100}}"
+        f"{flag if flag.startswith('--') else key}: {path} takes its arguments by position (*{star[0]}), and a "
+        "config gives arguments by name only. Write a function that builds the dataset, annotated to return a "
+        "Dataset, and give its import path as the class_path (a function works wherever a class does):\n  "
+        f"my_data.py:  def make_dataset(n: int = 100) -> Dataset: return {cls.__name__}(torch.randn(n, 8), "
+        f"torch.arange(n) % 2)\n  the config:  {key}: {{class_path: my_data.make_dataset, init_args: {{n: 100}}}}"
     )
 
 
-def _unannotated_function(message: str, argv: Sequence[str]) -> str | None:
-    found = re.search(r"Import path ([\w.]+) does not correspond to a subclass of (\w+)", message)
-    function = found and pydoc.locate(found[1])
-    if not inspect.isfunction(function):
-        return None
-    path, base = found.groups()
-    returns = inspect.signature(function).return_annotation
-    said = (
-        "has no return annotation"
-        if returns is inspect.Signature.empty
-        else f"is annotated to return {getattr(returns, '__name__', returns)}"
-    )
-    return (
-        f"{_flag_of_value(argv, path)}: the function {path} {said}. A function takes the place of a {base} class "
-        f"only when it says it returns one: def {function.__name__}(...) -> {base}: (with {base} imported in "
-        "your file)."
-    )
-
-
-def _missing_module(message: str, argv: Sequence[str]) -> str | None:
+def _no_module(message: str, argv: Sequence[str]) -> str | None:
     found = re.search(r"Problem with given class_path '([\w.]+)':\s*No module named '([\w.]+)'", message)
     if not found:
         return None
     path, module = found.groups()
     return (
-        f"{_flag_of_value(argv, path)}: no module named '{module}' on the Python path, so '{path}' cannot be imported. "
+        f"{_flag(argv, value=path)}: no module named '{module}' on the Python path, so '{path}' cannot be imported. "
         f"If it is your file ({module.replace('.', '/')}.py), run from the folder that holds it or add that folder "
         f"to PYTHONPATH (PYTHONPATH=/path/to/folder make train ARGS=...); check the spelling of '{module}'."
     )
 
 
-def _missing_attribute(message: str, argv: Sequence[str]) -> str | None:
-    # jsonargparse words it one way for a class ("Problem with given class_path ...: module ... has no attribute")
-    # and another for a callable such as the optimizer ("... expects a function or a callable class: module ...").
+def _no_attribute(message: str, argv: Sequence[str]) -> str | None:
     found = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
     if not found:
         return None
     module, name = found.groups()
-    path = f"{module}.{name}"
-    try:
-        names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
-    except Exception:  # noqa: BLE001 - the suggestion is a courtesy
-        names = []
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    hint = f" Did you mean {module}.{close[0]}?" if close else f" It has: {', '.join(names[:20])}."
-    return f"{_flag_of_value(argv, path)}: module '{module}' has no '{name}'.{hint}"
+    names = [n for n in dir(sys.modules[module]) if not n.startswith("_")] if module in sys.modules else []
+    hint = _closest(f"{module}.{name}", [f"{module}.{n}" for n in names], quote="")
+    return f"{_flag(argv, value=f'{module}.{name}')}: module '{module}' has no '{name}'.{hint}"
 
 
-def _unrecognized(message: str, argv: Sequence[str]) -> str | None:
-    found = re.search(r"unrecognized arguments: (.+)", message)
+def _unknown(message: str, argv: Sequence[str]) -> str | None:
+    found = re.search(r"unrecognized arguments: (\S+)", message)
     if not found:
         return None
-    flag = found.group(1).split()[0]
-    key = flag.lstrip("-").split("=", 1)[0]
-    head, _, rest = key.partition(".")
-    if head == "trainer" and rest:
-        choices = [f"trainer.{p}" for p in constructor_parameters("lightning.pytorch.Trainer")]
-    else:
-        choices = list(TOP_LEVEL)
-    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
-    hint = f" Did you mean --{close[0]}?" if close else ""
-    return f"{flag}: no such key.{hint} Every key: python -m project fit --help."
-
-
-def _flag_of_value(argv: Sequence[str], value: str) -> str:
-    """The flag whose value is `value` (a class path), or the value itself when it came from a config file."""
-    for i, arg in enumerate(argv):
-        if arg.endswith(f"={value}"):
-            return arg.split("=", 1)[0]
-        if arg == value and i > 0 and argv[i - 1].startswith("--"):
-            return f"{argv[i - 1]} {value}"
-    return value
-
-
-def constructor_parameters(class_path: str) -> list[str]:
-    """The named arguments of a class's constructor, in order, and of its bases' while it passes them `**kwargs` (as
-    the parser reads them); [] when it cannot be imported: the parser says why."""
-    try:
-        cls = pydoc.locate(class_path)
-    except pydoc.ErrorDuringImport:
-        return []
-    named: dict[str, None] = {}
-    for klass in inspect.getmro(cls) if isinstance(cls, type) else ():
-        if "__init__" not in vars(klass):
-            continue
-        try:
-            parameters = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]  # not self
-        except (ValueError, TypeError):
-            break
-        named |= dict.fromkeys(p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
-        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
-            break
-    return list(named)
+    flag = found[1].split("=", 1)[0]
+    key = flag.lstrip("-")
+    if key.split(".")[0] in ("optimizer", "lr_scheduler"):  # auto_configure_optimizers=False (project/cli.py)
+        return (
+            f"{flag.split('.')[0]} is Lightning's top-level flag, which would replace the module's "
+            "configure_optimizers: its parameter groups (no weight decay on biases and norm layers) and its "
+            "warmup-cosine schedule would be dropped silently. Set the module's instead: --model.init_args.optimizer "
+            "torch.optim.SGD --model.init_args.optimizer.init_args.lr 0.1 (any torch optimizer), and "
+            "--model.init_args.scheduler <class path, or null for a constant lr>."
+        )
+    trainer = [f"trainer.{p}" for p in parameters("lightning.pytorch.Trainer")]
+    choices = trainer if key.startswith("trainer.") else TOP_LEVEL
+    return f"{flag}: no such key.{_closest(key, choices, '--')}{HELP}"

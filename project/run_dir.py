@@ -1,25 +1,15 @@
-"""The run directory: which one a command uses, that it can be written, and pointing every writer at it.
+"""The run directory: decided once, before any class is built, and written into the config (config.yaml records it).
 
-`python -m project fit|validate|test` decides the directory once, in `prepare` (called by ProjectCLI between parsing
-the config and building any class), and writes the answer into the config itself: `run_dir`, the Trainer's
-`default_root_dir`, each logger's `save_dir` and each ModelCheckpoint's `dirpath`. Everything downstream reads it
-from there: config.yaml records it, and nothing else carries it.
-
-Every rank of a multi-process run parses the command line on its own, so each one must reach the same answer:
-- torchrun (scripts/torchrun.sh): `runs/<rendezvous id>`, which every rank of every node reads from torchrun;
-- srun (scripts/slurm.sbatch, or any SLURM job): `runs/slurm-<job id>`, which every task reads from SLURM, and
-  which a requeued job (same id) finds again, with Lightning's hpc checkpoint in it;
-- Lightning's own launcher (`make train-ddp`): it starts ranks 1.. by re-running this process's command line,
-  `sys.argv`, so rank 0 appends `--run_dir <its choice>` to sys.argv and the other ranks parse that. The command
-  line is the one channel those processes share by construction; an environment variable would also stay set
-  in this process, where a second run (a notebook, a test) would then silently reuse the first one's directory.
-Nothing here creates a folder: a start that fails (bad config, bad data, an unwritable directory) leaves no empty
-run behind for TensorBoard to list. Loggers and checkpoints create the directory when they first write, once
-the data has been checked.
+Every rank parses the command line itself and must agree: torchrun's rendezvous id, SLURM's job id, or under
+Lightning's launcher (which re-runs sys.argv for ranks 1..) `--run_dir` appended to sys.argv by rank 0: an
+environment variable would stay set for a second run in the process. Nothing here creates a folder.
 """
 
 import errno
+import itertools
+import json
 import os
+import pydoc
 import shutil
 import sys
 import tempfile
@@ -27,10 +17,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from project.errors import ConfigError
 from project.loggers import configure_loggers
 
 RUNS_DIR = Path("runs")
+# What a fit writes into its run directory (configs/logger/ overlays included)
+RUN_FILES = (
+    "config.yaml",
+    "hparams.yaml",
+    "metrics*.csv",
+    "events.out.tfevents.*",
+    "summary.json",
+    "report.png",
+)
+RUN_FILES += ("resumes.jsonl", "checkpoints", "wandb")
+LIMITS = ("trainer.max_epochs", "trainer.max_steps")  # raising one continues a run (continue_run)
 # --ckpt_path values that name no file: Lightning resolves them itself
 LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 
@@ -41,12 +44,12 @@ class RunDir:
     checkpoints: Path  # where ModelCheckpoint writes and `--ckpt_path last` looks
 
 
-STARTED: list[RunDir] = []  # run directories that this process's commands created (discard_if_no_checkpoint)
+STARTED: list[RunDir] = []  # run directories that this process's commands created
 
 
 def checkpoint_run(ckpt_path: str | Path | None) -> Path | None:
-    """The run directory a checkpoint belongs to: the newest run's for `last`, the folder above checkpoints/ for a
-    file there; None for other paths and for Lightning's `best`, `hpc` and `registry`."""
+    """The run directory of a checkpoint: the newest run's for `last`, the folder above checkpoints/ for a file
+    there; None for other paths and for Lightning's `best`, `hpc` and `registry`."""
     if ckpt_path is None:
         return None
     if str(ckpt_path) == "last":
@@ -63,8 +66,7 @@ def checkpoint_run(ckpt_path: str | Path | None) -> Path | None:
 
 
 def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
-    """`--run_dir` if given; else the run a `--ckpt_path` belongs to (a resume continues its run); else the name
-    the launcher gives every rank; else a new `runs/<YYYYmmdd-HHMMSS>`."""
+    """`--run_dir`, else the run of `--ckpt_path`, else the launcher's name for the run, else `runs/<time>`."""
     if run_dir:
         return Path(run_dir)
     if trained := checkpoint_run(ckpt_path):
@@ -78,34 +80,20 @@ def resolve_run_dir(run_dir: str | None, ckpt_path: str | None) -> Path:
                 "runs/<time> directory. Name the run once for all ranks: use scripts/torchrun.sh --run_id <name> "
                 "(runs/<name>), give torchrun --rdzv_id <name>, or pass --run_dir runs/<name> (the same on every node)."
             )
-    if job := os.environ.get("SLURM_JOB_ID"):
-        return slurm_run_dir(job, requeued=int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0)
-    stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
-    candidate = RUNS_DIR / stamp
-    while candidate.exists():  # two runs in the same second get -1, -2, ...
-        candidate, n = RUNS_DIR / f"{stamp}-{n}", n + 1
-    return candidate
-
-
-def slurm_run_dir(job: str, requeued: bool) -> Path:
-    """`runs/slurm-<job id>`, then `-1`, `-2`, ... for further runs in the same job; a requeued job continues its last.
-
-    Every task of the job answers alike: no rank creates anything before all of them have joined the process group,
-    so they all see the same folders. A job that SLURM requeued (after Lightning saved hpc_ckpt_<n>.ckpt on SIGUSR1)
-    reruns the same command and must continue its own run, where Lightning then loads that checkpoint itself.
-    """
-    candidate, previous, n = RUNS_DIR / f"slurm-{job}", None, 1
+    # SLURM: `runs/slurm-<job id>`, then -1, -2, ... for further runs in the job; a requeued job continues its
+    # last (Lightning loads its hpc_ckpt there). Runs in the same second get -1, -2, ...
+    job = os.environ.get("SLURM_JOB_ID")
+    stamp = f"slurm-{job}" if job else time.strftime("%Y%m%d-%H%M%S")
+    candidate, previous, n = RUNS_DIR / stamp, None, 1
     while candidate.exists():
-        previous, candidate, n = candidate, RUNS_DIR / f"slurm-{job}-{n}", n + 1
+        previous, candidate, n = candidate, RUNS_DIR / f"{stamp}-{n}", n + 1
+    requeued = job and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
     return previous if requeued and previous is not None else candidate
 
 
 def choose(subcommand: str, run_dir: str | None, ckpt_path: str | None) -> RunDir:
-    """The run directory of `python -m project <subcommand>`.
-
-    Evaluating a trained run's checkpoint (validate, test) leaves the run's config.yaml, metrics.csv, summary.json
-    and report.png as training wrote them: the evaluation writes its own into <run>/<subcommand>/.
-    """
+    """The run directory of `python -m project <subcommand>`; evaluating a trained run's checkpoint writes into
+    <run>/<subcommand>/, leaving the files of its training as they were."""
     path = resolve_run_dir(run_dir, ckpt_path)
     trained = checkpoint_run(ckpt_path) if subcommand != "fit" else None
     if trained is not None and path == trained:
@@ -113,15 +101,18 @@ def choose(subcommand: str, run_dir: str | None, ckpt_path: str | None) -> RunDi
     return RunDir(path=path, checkpoints=(trained or path) / "checkpoints")
 
 
-def prepare(config, subcommand: str, command_line: bool) -> RunDir:
-    """Decide the run directory of a parsed subcommand config and point the config's writers at it.
-
-    command_line: the config was parsed from sys.argv (not from a list passed in), so Lightning's DDP launcher
-    will re-run sys.argv for ranks 1..; see the module docstring.
-    """
+def prepare(config, subcommand: str, command_line: bool, dump=None) -> RunDir:
+    """command_line: the config was parsed from sys.argv, which Lightning's DDP launcher re-runs for ranks 1..;
+    dump: the config as config.yaml holds it, for a fit that continues the run in its directory (continue_run)."""
     given = config.get("run_dir")
     run = choose(subcommand, given, config.get("ckpt_path"))
     check_writable(run.path)
+    fresh = subcommand == "fit" and dump is not None and not config.get("ckpt_path")
+    # The newest checkpoint a fit without --ckpt_path continues from (hpc_ckpt: Lightning's SLURM requeue)
+    found = [p for p in (run.checkpoints / "last.ckpt", *run.path.glob("hpc_ckpt_*.ckpt")) if p.is_file()]
+    ckpt = max(found, key=os.path.getmtime, default=None) if fresh else None
+    if fresh and not ckpt:
+        remove_dead_attempt(run.path)
     if not run.path.exists():
         STARTED.append(run)
     config.run_dir = str(run.path)  # recorded in config.yaml
@@ -129,44 +120,97 @@ def prepare(config, subcommand: str, command_line: bool) -> RunDir:
     trainer.default_root_dir = str(run.path)
     if isinstance(trainer.logger, list):  # overlays append loggers (configs/logger/)
         trainer.logger = configure_loggers(trainer.logger, run.path)
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
     for callback in trainer.callbacks or []:
-        # A fixed folder (not Lightning's version_N) is what lets `--ckpt_path last` find it.
-        if _is_checkpoint(callback.class_path) and callback.init_args.get("dirpath") is None:
+        # A fixed folder (not Lightning's version_N) lets `--ckpt_path last` find it.
+        if subclass_of(callback.class_path, ModelCheckpoint) and callback.init_args.get("dirpath") is None:
             callback.init_args.dirpath = str(run.checkpoints)
+    if fresh and ckpt:
+        continue_run(config, run.path, ckpt, dump)
     keep_csv_history(run.path)
     if command_line and not given:
         sys.argv += ["--run_dir", str(run.path)]
     return run
 
 
+def continue_run(config, run: Path, ckpt: Path, dump) -> None:
+    """A fit into a run directory that holds a checkpoint continues that run, as `make resume` does: when the
+    config is the run's, or raises only max_epochs/max_steps. Any other change is refused; a run that finished
+    (fit returned: its limit reached or a callback stopped it, not a signal) is left as it is."""
+    from project.callbacks.log_config import LOCATION_KEY, flatten
+    from project.checkpoint import read_checkpoint
+    from project.distributed import env_rank
+
+    saved, now = flatten(yaml.safe_load((run / "config.yaml").read_text())), flatten(dump())
+    changed = [k for k in sorted(saved | now) if saved.get(k) != now.get(k) and not LOCATION_KEY.search(k)]
+    limit = lambda v: float("inf") if v in (None, -1) else v  # noqa: E731 - unset: no limit
+    raised = [k for k in changed if k in LIMITS and limit(now.get(k)) > limit(saved.get(k))]
+    if others := [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed if k not in raised]:
+        raise ConfigError(
+            f"{run} holds a run started with another config ({'; '.join(others)}), which this command would "
+            f'continue from {ckpt}. Nothing was changed. To continue it with this change: make resume ARGS="--ckpt_path '
+            f'{ckpt} --<key> <value>" (recorded in its resumes.jsonl); for a new run with this config: --run_dir '
+            "runs/<new name>."
+        )
+    summary = run / "summary.json"
+    steps = json.loads(summary.read_text()).get("global_step") if summary.exists() else None
+    if not raised and steps == read_checkpoint(ckpt, mmap=True)["global_step"]:
+        if env_rank() == 0:
+            print(
+                f"{run} has finished ({steps} steps); nothing to do. To train on, run this command with a higher "
+                "--trainer.max_epochs (or --trainer.max_steps); for a new run, --run_dir runs/<new name>.",
+                flush=True,
+            )
+        raise SystemExit(0)
+    config.ckpt_path = str(ckpt)
+    record_resume(run, ckpt, [arg for k in raised for arg in (f"--{k}", str(now[k]))])
+
+
+def remove_dead_attempt(run: Path) -> None:
+    """The files of a run that died before its first checkpoint (config.yaml, no summary.json), so that none of
+    them mixes into the new run (rank 0)."""
+    from project.distributed import env_rank
+
+    if env_rank() == 0 and (run / "config.yaml").is_file() and not (run / "summary.json").exists():
+        for path in [p for pattern in RUN_FILES for p in run.glob(pattern)]:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def record_resume(run: Path, ckpt_path: str, changes: list[str]) -> None:
+    """Say that the run continues, and append the command's changes to its resumes.jsonl (rank 0)."""
+    from project.distributed import env_rank  # imported here: predict and export must not load lightning
+
+    if env_rank() == 0:
+        said = f"; changed by this command: {' '.join(changes)}" if changes else " (no change)"
+        print(f"Resuming {run} as it was started: its config.yaml{said}.", flush=True)
+        record = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "ckpt_path": str(ckpt_path),
+            "changes": changes,
+        }
+        with open(run / "resumes.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 def discard_if_no_checkpoint() -> None:
-    """After a command that failed: remove the run directories it created that hold no checkpoint, so that no
-    half-started run is listed by `make tensorboard` or mixed into the next run (rank 0 removes)."""
+    """After a failed command: remove the run directories it created that hold no checkpoint (rank 0)."""
+    from project.distributed import env_rank
+
     while STARTED:
         run = STARTED.pop()
         if env_rank() == 0 and not any(run.checkpoints.glob("*.ckpt")):
             shutil.rmtree(run.path, ignore_errors=True)
 
 
-def _is_checkpoint(class_path: str) -> bool:
-    import importlib
-
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    module, _, name = class_path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None)
-    return isinstance(cls, type) and issubclass(cls, ModelCheckpoint)
+def subclass_of(class_path: str, base: type) -> bool:
+    cls = pydoc.locate(class_path)  # the parser has imported it
+    return isinstance(cls, type) and issubclass(cls, base)
 
 
 def check_writable(run_dir: Path) -> None:
-    """Fail before training when the run directory cannot be written; create nothing that stays behind.
-
-    Every rank runs this, at the same moment, on the same directory (and with several nodes, often on one shared
-    filesystem). So it creates no folders and removes none: it writes a probe file with a name of its own into the
-    run directory, or into its deepest existing parent when the run directory does not exist yet. (A shared probe
-    name, or removing the folders it had made, let one rank delete what another was checking: rank 1 then
-    failed with "Directory not empty" while rank 0 waited for it until the process group timed out.)
-    """
+    """Every rank probes at once, maybe on one shared filesystem: a probe file of its own in the deepest existing
+    folder, no folder created or removed (a shared one let a rank delete what another was checking)."""
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     try:
         if not existing.is_dir():
@@ -182,23 +226,10 @@ def check_writable(run_dir: Path) -> None:
 
 
 def keep_csv_history(run_dir: Path) -> None:
-    """CSVLogger deletes a metrics.csv it finds in its directory: keep it as metrics.<n>.csv next to the new one
-    (the epochs before a resume, or an earlier run or evaluation in the same directory).
+    """CSVLogger deletes a metrics.csv it finds: keep it as metrics.<n>.csv (rank 0 only, as CSVLogger writes)."""
+    from project.distributed import env_rank
 
-    Rank 0 only (CSVLogger writes from rank 0): under torchrun or srun every rank parses the command line at the
-    same moment, and two ranks renaming the same file would crash one of them.
-    """
     metrics = run_dir / "metrics.csv"
     if env_rank() == 0 and metrics.exists():
-        n = 1
-        while (run_dir / f"metrics.{n}.csv").exists():
-            n += 1
+        n = next(n for n in itertools.count(1) if not (run_dir / f"metrics.{n}.csv").exists())
         metrics.rename(run_dir / f"metrics.{n}.csv")
-
-
-def env_rank() -> int:
-    """project.distributed.env_rank, imported when called: predict and export import checkpoint_run from here and
-    must not load lightning (project.distributed does)."""
-    from project.distributed import env_rank as launcher_rank
-
-    return launcher_rank()

@@ -64,7 +64,7 @@ def test_the_core_imports_none_of_the_optional_parts():
 
 # Files written as streams, read only by people or after their writer ends: a log is never "replaced".
 STREAMS = {
-    ("project/cli.py", "open"): "resumes.jsonl, one line appended per resume",
+    ("project/run_dir.py", "open"): "resumes.jsonl, one line appended per resume",
     ("project/sweep/check.py", "open"): "the dry run's console log, written by the child process as it runs",
     ("project/sweep/worker.py", "open"): "a trial's log (appended across retries)",
     ("project/data/chunks.py", "write_text"): "a temporary local copy uploaded to object storage",

@@ -2,7 +2,7 @@
 
 import pytest
 
-import project.run_dir
+import project.distributed
 from project.run_dir import keep_csv_history, resolve_run_dir
 
 
@@ -47,6 +47,6 @@ def test_resume_keeps_previous_csv_metrics(tmp_path):
 def test_only_rank_0_moves_the_csv_history(tmp_path, monkeypatch):
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
     # as a torchrun/srun rank 1 parsing the same command
-    monkeypatch.setattr(project.run_dir, "env_rank", lambda: 1)
+    monkeypatch.setattr(project.distributed, "env_rank", lambda: 1)
     keep_csv_history(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]

@@ -91,10 +91,6 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 {FACTORY}
-
-
-def make_unannotated(n: int = 100):
-    return make_dataset(n)
 """
 # A linear model on the 8 features; no in_channels, no images.
 LINEAR = ["--model.init_args.model", "torch.nn.Linear", "--model.init_args.channels_last", "false"]
@@ -121,14 +117,6 @@ def test_dataset_built_by_a_function_trains(in_tmp, my_data):
     assert (summary["epochs"], summary["global_step"]) == (1, 4), summary
     recorded = yaml.safe_load((in_tmp / "runs/r/config.yaml").read_text())["data"]["init_args"]["train"]
     assert recorded == {"class_path": "my_data.make_dataset", "init_args": {"n": 200}}
-
-
-def test_function_without_return_annotation_names_the_fix(in_tmp, my_data, capsys):
-    train = {"class_path": "my_data.make_unannotated"}
-    assert fit(write_config(in_tmp / "plain.yaml", train, num_classes=2), *LINEAR) == 2
-    err = error_paragraph(capsys)
-    assert "the function my_data.make_unannotated has no return annotation" in err, err
-    assert "def make_unannotated(...) -> Dataset:" in err
 
 
 @pytest.mark.claim("any-dataset-factory")
