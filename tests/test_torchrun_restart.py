@@ -1,6 +1,7 @@
 """scripts/torchrun.sh restarts a group whose rank died: a rank SIGKILLed at a forced moment (KillAt, below: mid-step,
 during validation, while rank 0 writes a checkpoint), and the job still exits 0 with no human step; with two agents
-(`--nnodes 2`, c10d), one node's failure restarts the other node's worker too. CPU processes with gloo."""
+(`--nnodes 2`, c10d), one node's failure restarts the other node's worker too. Each restart continues the run
+from its last checkpoint, and the run ends bit-identical to an undisturbed one. CPU processes with gloo."""
 
 import os
 import signal
@@ -133,25 +134,27 @@ def test_a_rank_killed_mid_step_in_validation_and_mid_checkpoint_restarts_the_gr
     assert starts == ["start 0"] * 4 + ["start 1"] * 4, starts  # both ranks: the first start and 3 restarts
 
 
-# TODO(issue 33): once project/cli.py continues a run from its run directory (another branch, not merged), the
-# restarted group resumes from last.ckpt and this must hold; then drop the mark. Today a restart trains the whole
-# run again, which may end equal too and proves nothing about resuming.
+@pytest.mark.claim("ddp-torchrun-restarts")
 @pytest.mark.slow
 @pytest.mark.timeout(2 * LAUNCH_DEADLINE_S)
-@pytest.mark.xfail(
-    strict=False, reason="restarted ranks start the run over until the starting command continues it"
-)
-def test_restarted_run_ends_bit_identical_to_an_undisturbed_one(killed_and_clean):
+def test_restarted_run_continues_and_ends_bit_identical_to_an_undisturbed_one(killed_and_clean):
     tmp, results = killed_and_clean
     assert [code for code, _, _ in results] == [0, 0], report(results)
+    # Each restart continued the run from its last checkpoint (the starting command's rule), none started over.
+    resumes = (tmp / "killed" / "resumes.jsonl").read_text().splitlines()
+    assert len(resumes) == len(PHASES), resumes
     a, b = weights(tmp / "killed"), weights(tmp / "clean")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # One logger run: every attempt's TensorBoard events in the one folder an undisturbed run writes to.
+    folders = {name: {p.parent.relative_to(tmp / name) for p in (tmp / name).glob("**/events.out.tfevents.*")}
+               for name in ("killed", "clean")}  # fmt: skip
+    assert len(folders["killed"]) == 1 and folders["killed"] == folders["clean"], folders
 
 
 @pytest.mark.claim("ddp-torchrun-restarts")
 @pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_DEADLINE_S + 30)
-def test_two_agents_restart_together_when_one_rank_dies(tmp_path, env):
+def test_two_agents_restart_together_when_one_rank_dies(tmp_path, env, killed_and_clean):
     marker, port = tmp_path / "marker", free_port()
     nodes = [
         torchrun("--nnodes", "2", "--nproc_per_node", "1", "--node_rank", rank, "--master_port", port,
@@ -165,3 +168,7 @@ def test_two_agents_restart_together_when_one_rank_dies(tmp_path, env):
     # Both nodes' workers started twice: the failure on one node restarted the other node's worker too.
     starts = sorted((tmp_path / "marker.starts").read_text().splitlines())
     assert starts == ["start 0", "start 0", "start 1", "start 1"], starts
+    # The restarted workers continued the run, which ends as the undisturbed 2-process run on one node does.
+    assert len((tmp_path / "two" / "resumes.jsonl").read_text().splitlines()) == 1
+    a, b = weights(tmp_path / "two"), weights(killed_and_clean[0] / "clean")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
