@@ -69,9 +69,7 @@ def study_of(sweep_dir: Path, name: str = "t") -> optuna.Study:
     (reading while the sweep starts raced on it: "table studies already exists")."""
     from project.sweep.storage import default_storage, open_storage
 
-    return optuna.load_study(
-        study_name=name, storage=open_storage(default_storage(sweep_dir), heartbeat=False)
-    )
+    return optuna.load_study(study_name=name, storage=open_storage(default_storage(sweep_dir)))
 
 
 def summary(run_dir: Path) -> dict:

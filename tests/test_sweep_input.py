@@ -165,21 +165,21 @@ def test_bad_pruner_exits_2_before_the_storage_is_created(tmp_path, capsys):
 
 @pytest.mark.claim("sweep-bad-input-before-trials")
 def test_misspelled_keys_exit_2_with_the_closest_key(tmp_path, capsys):
-    """A misspelled searched key, fixed key and trial flag, each named with the key the training CLI has, before any
-    trial (before, each of n_trials trials failed on it in turn)."""
+    """Misspelled searched and fixed keys, each named with the key the training CLI has, before any trial (before,
+    each of n_trials trials failed on them in turn)."""
     space = write_space(
         tmp_path / "t.yaml",
-        fixed={**FAST, "trainer.max_epoch": 1},
+        fixed={**FAST, "trainer.max_epoch": 1, "data.init_args.batch_sizee": 32},
         params={"model.init_args.optimizer.init_args.lrr": {"type": "float", "low": 1.0e-4, "high": 0.1}},
     )
-    assert sweep(space, tmp_path / "sweep", "--data.init_args.batch_sizee", "32") == 2
+    assert sweep(space, tmp_path / "sweep") == 2
     refused(
         capsys,
         "`params:` key 'model.init_args.optimizer.init_args.lrr'",
         f"did you mean '{LR}'?",
         "`fixed:` key 'trainer.max_epoch'",
         "did you mean 'trainer.max_epochs'?",
-        "trial flag '--data.init_args.batch_sizee'",
+        "`fixed:` key 'data.init_args.batch_sizee'",
         "did you mean 'data.init_args.batch_size'?",
     )
     assert not (tmp_path / "sweep").exists()

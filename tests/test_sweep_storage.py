@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 import project
 from project.errors import ConfigError
 from project.sweep.storage import default_storage, open_storage
-from project.sweep.worker import Sweep, make_objective
+from project.sweep.worker import Sweep
 
 LR = "model.init_args.optimizer.init_args.lr"
 ROOT = Path(project.__file__).resolve().parent.parent  # the checkout under test (children import it too)
@@ -135,7 +135,7 @@ def test_schema_created_by_another_worker_meanwhile_is_loaded(tmp_path, monkeypa
         return create_all(metadata, bind, tables, checkfirst)
 
     monkeypatch.setattr(metadata, "create_all", racing_create_all)
-    storage = open_storage(url, heartbeat=False)
+    storage = open_storage(url)
     assert collided
     optuna.create_study(study_name="t", storage=storage)
     assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == ["t"]
@@ -230,7 +230,7 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
     joined = sorted(int(o.split("joined trial ")[1].split()[0]) for o, _ in outputs)
     assert joined == [0, 1, 2], report
     url = urls[storage] or default_storage(sweep_dir)
-    trials = optuna.load_study(study_name="t", storage=open_storage(url, heartbeat=False)).get_trials()
+    trials = optuna.load_study(study_name="t", storage=open_storage(url)).get_trials()
     assert len(trials) == 3, [(t.number, t.state, t.user_attrs) for t in trials]
     base = [t for t in trials if t.user_attrs.get("base_config")]
     assert len(base) == 1 and base[0].params == {LR: 0.003}, [
@@ -306,7 +306,7 @@ def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path, short_grac
     worker.subprocess.Popen, popen = Interrupted, worker.subprocess.Popen
     try:
         with pytest.raises(KeyboardInterrupt):
-            make_objective(sweep, study)(trial)
+            sweep.objective(trial)
     finally:
         worker.subprocess.Popen = popen
     (retry,) = study.get_trials(states=(TrialState.WAITING,))
@@ -318,7 +318,7 @@ def make_sweep(tmp_path: Path) -> Sweep:
 
     space = load_space(write_space(tmp_path / "t.yaml"))
     configs = [str(ROOT / "configs" / "default.yaml")]
-    return Sweep(space, tmp_path, default_storage(tmp_path), configs, {}, "val/loss", 3, 3)
+    return Sweep(space, tmp_path, default_storage(tmp_path), configs, "val/loss", 3, 3)
 
 
 def test_the_stop_at_max_failed_counts_this_commands_failures(tmp_path, capsys):
@@ -348,7 +348,7 @@ def test_the_stop_at_max_failed_counts_this_commands_failures(tmp_path, capsys):
 
 
 def _take_a_trial(url: str, barrier, taken) -> None:
-    study = optuna.load_study(study_name="s", storage=open_storage(url, heartbeat=False))
+    study = optuna.load_study(study_name="s", storage=open_storage(url))
     barrier.wait()  # both workers ask within a millisecond of each other
     taken.put(study.ask().number)
 
@@ -364,9 +364,7 @@ def test_a_queued_trial_goes_to_one_of_two_workers_asking_at_once(tmp_path):
     context = multiprocessing.get_context("fork")  # the child only opens the storage and asks
     for round_ in range(20):
         url = f"sqlite:///{tmp_path / f'study{round_}.db'}"
-        optuna.create_study(study_name="s", storage=open_storage(url, heartbeat=False)).enqueue_trial(
-            {"x": 1.0}
-        )
+        optuna.create_study(study_name="s", storage=open_storage(url)).enqueue_trial({"x": 1.0})
         barrier, taken = context.Barrier(2), context.Queue()
         workers = [context.Process(target=_take_a_trial, args=(url, barrier, taken)) for _ in range(2)]
         for worker in workers:
