@@ -28,9 +28,7 @@ def parser() -> argparse.ArgumentParser:
     add("--workers", type=int, default=1, help="worker processes on this machine, one trial at a time each")
     add("--worker_index", type=int, default=0, help="sampler seed offset: one of its own for each worker")
     add("--report", action="store_true", help="only write the results (table, best.yaml, plots)")
-    add(
-        "--child", action="store_true", help=argparse.SUPPRESS
-    )  # a worker of --workers N: no check, no report
+    add("--child", action="store_true", help=argparse.SUPPRESS)  # a worker of --workers N
     return p
 
 
@@ -62,9 +60,7 @@ def run(argv: list[str]) -> int:
     had = (study.user_attrs.get("metric"), study.direction.name.lower()) if study else (None, None)
     if args.report or args.child:
         if study is None:
-            raise ConfigError(
-                f"No study '{name}' in {url}: pass the --space, --dir/--storage, --study it used."
-            )
+            raise ConfigError(f"No study '{name}' in {url}: pass the --space, --dir, --storage it used.")
         metric, direction, values = sweep_file.metric or had[0] or "value", sweep_file.direction or had[1], {}
     else:
         from project.sweep.check import check_inputs  # imports Lightning
@@ -92,30 +88,16 @@ def run(argv: list[str]) -> int:
     if study.user_attrs.get("metric") is None:
         study.set_user_attr("metric", metric)
     if args.workers > 1:  # the same command, each its own --worker_index (argparse takes a flag's last value)
-        command = [
-            sys.executable,
-            "-m",
-            "project",
-            "sweep",
-            *argv,
-            "--child",
-            "--workers",
-            "1",
-            "--worker_index",
-        ]
+        cmd = [sys.executable, "-m", "project", "sweep", *argv, "--child", "--workers=1", "--worker_index"]
         print(f"{args.workers} workers, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}", flush=True)
-        workers = [
-            subprocess.Popen([*command, str(k)], preexec_fn=die_with_parent) for k in range(args.workers)
-        ]
+        workers = [subprocess.Popen([*cmd, str(k)], preexec_fn=die_with_parent) for k in range(args.workers)]
         code = max(w.wait() for w in workers)
     else:
         first = len(study.get_trials(deepcopy=False))  # --max_failed counts this command's failures
         # Seeded samplers draw the same numbers in every process: each worker and each resumption starts elsewhere.
         study.sampler = sweep_file.build_sampler(1000 * args.worker_index + first)
-        n_trials = args.n_trials or sweep_file.n_trials
-        sweep = Sweep(
-            sweep_file, sweep_dir, url, configs, metric, n_trials, args.max_failed or n_trials, first
-        )
+        n = args.n_trials or sweep_file.n_trials
+        sweep = Sweep(sweep_file, sweep_dir, url, configs, metric, n, args.max_failed or n, first)
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # SLURM's or kill's stop: as Ctrl+C
         code = run_worker(sweep, study)
     if not args.child:

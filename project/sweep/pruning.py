@@ -17,9 +17,8 @@ class TrialPruning(PyTorchLightningPruningCallback):
 
     def __init__(self, storage: str, study_name: str, trial_number: int, monitor: str, pruner: dict | None):
         self.storage = open_storage(storage)
-        study = optuna.load_study(
-            study_name=study_name, storage=self.storage, pruner=instantiate(pruner or NO_PRUNER, "pruner")
-        )
+        pruner = instantiate(pruner or NO_PRUNER, "pruner")
+        study = optuna.load_study(study_name=study_name, storage=self.storage, pruner=pruner)
         study_id = self.storage.get_study_id_from_name(study_name)
         self.trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, trial_number)
         super().__init__(optuna.trial.Trial(study, self.trial_id), monitor)

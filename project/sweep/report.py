@@ -8,6 +8,7 @@ from pathlib import Path
 
 import optuna
 import yaml
+from optuna.trial import TrialState
 
 from project.atomic import atomic_write, write_text_atomic
 from project.sweep.worker import TRIAL_CONFIG, trial_dir
@@ -17,63 +18,44 @@ def write_report(study: optuna.Study, sweep_dir: Path, configs: list[str], metri
     from rich.console import Console
     from rich.table import Table
 
-    trials, direction = study.get_trials(deepcopy=False), study.direction.name.lower()
-    keys = sorted({k for t in trials for k in t.params})
-    rows = [
-        {
-            "number": t.number,
-            "state": t.state.name,
-            "value": "" if t.value is None else t.value,
-            **{k: t.params.get(k, "") for k in keys},
-            "epochs": max(t.intermediate_values) + 1 if t.intermediate_values else "",
-            "seconds": round(t.duration.total_seconds(), 1) if t.duration else "",
-            "error": t.user_attrs.get("error", ""),
-            "run_dir": t.user_attrs.get("run_dir", ""),
-        }
-        for t in trials
-    ]
-    with atomic_write(
-        Path(sweep_dir, "trials.csv"), newline=""
-    ) as handle:  # several workers may report at once
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["number"])
-        writer.writeheader()
-        writer.writerows(rows)
-    best = study.best_trial if any(r["state"] == "COMPLETE" for r in rows) else None
-    table = Table(title=f"Sweep '{study.study_name}': {metric} ({direction})")
-    for column in ["#", "state", metric, *(k.rsplit(".", 1)[-1] for k in keys), "epochs", "s", "error"]:
-        table.add_column(column, no_wrap=True, max_width=60)
+    sweep_dir, trials, direction = Path(sweep_dir), study.get_trials(deepcopy=False), study.direction.name
+    keys, direction = sorted({k for t in trials for k in t.params}), direction.lower()
+    best = study.best_trial if any(t.state == TrialState.COMPLETE for t in trials) else None
+    header = ["number", "state", "value", *keys, "epochs", "seconds", "error", "run_dir"]
+    rows = [row(t, keys) for t in trials]
+    with atomic_write(sweep_dir / "trials.csv", newline="") as handle:  # several workers may report at once
+        csv.writer(handle).writerows([header, *rows])
+    title = f"Sweep '{study.study_name}': {metric} ({direction})"
+    table = Table(*(h.rsplit(".", 1)[-1] for h in header[:-1]), title=title)
     for r in rows:
-        r["number"] = f"{r['number']} *" if best and r["number"] == best.number else r["number"]
-        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in list(r.values())[:-1]))
+        cells = ("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)[:80] for v in r[:-1])
+        table.add_row(*cells, style="bold" if best and r[0] == best.number else None)  # the best in bold
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped, Rich would cut at 80 columns
     if best is None:
-        return print("No complete trial yet: no best.yaml.", flush=True)
-    # The best trial's overlay without the sweep's pruning callback.
+        return print("No complete trial yet: no best.yaml.")
     overlay = yaml.safe_load((trial_dir(sweep_dir, best.number) / TRIAL_CONFIG).read_text())
-    overlay.get("trainer", {}).pop("callbacks+", None)
-    if not overlay.get("trainer", True):
-        overlay.pop("trainer")
-    rerun = " ".join(f"--config {shlex.quote(c)}" for c in [*configs, str(Path(sweep_dir, "best.yaml"))])
-    rerun = (
-        f'make train ARGS="{rerun}"'
-        if configs == ["configs/default.yaml"]
-        else f"python -m project fit {rerun}"
-    )
+    overlay.pop("trainer.callbacks+", None)  # the sweep's own callback
+    best_yaml = f"--config {shlex.quote(str(sweep_dir / 'best.yaml'))}"
+    rerun = "python -m project fit " + " ".join([*(f"--config {shlex.quote(c)}" for c in configs), best_yaml])
+    if configs == ["configs/default.yaml"]:
+        rerun = f'make train ARGS="{best_yaml}"'
+
     threads = best.user_attrs.get("omp_num_threads")
-    threads = (
-        f"OMP_NUM_THREADS={threads}" if threads else "torch's default thread count (OMP_NUM_THREADS unset)"
-    )
     write_text_atomic(
-        Path(sweep_dir, "best.yaml"),
+        sweep_dir / "best.yaml",
         f"# Best trial of sweep '{study.study_name}': trial {best.number}, {metric} = {best.value!r} ({direction}), "
         f"run {trial_dir(sweep_dir, best.number)}\n# Re-run: {rerun}\n# The same metric, bit for bit, needs the same "
-        f"machine, seed and thread count: the trial ran with {threads}.\n"
+        f"machine, seed and thread count: the trial ran with OMP_NUM_THREADS={threads or 'unset (torch default)'}.\n"
         + yaml.safe_dump(overlay, sort_keys=False),
     )
-    plot(study, Path(sweep_dir), metric)
-    print(
-        f"Best: trial {best.number}, {metric} = {best.value:.6g}. Re-run it: {rerun}\nSweep directory: {sweep_dir}"
-    )
+    plot(study, sweep_dir, metric)
+    print(f"Best: trial {best.number}, {metric} = {best.value:.6g}. Re-run it: {rerun}")
+
+
+def row(t: optuna.trial.FrozenTrial, keys: list[str]) -> list:
+    epochs, seconds = len(t.intermediate_values) or None, t.duration and round(t.duration.total_seconds(), 1)
+    error, run_dir = t.user_attrs.get("error"), t.user_attrs.get("run_dir")
+    return [t.number, t.state.name, t.value, *map(t.params.get, keys), epochs, seconds, error, run_dir]
 
 
 def plot(study: optuna.Study, sweep_dir: Path, metric: str) -> None:

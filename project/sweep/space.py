@@ -52,7 +52,7 @@ def instantiate(spec: dict, what: str):
         return getattr(importlib.import_module(module), name)(**(spec.get("init_args") or {}))
     except (ImportError, AttributeError, ValueError, TypeError) as err:
         raise ConfigError(
-            f"The sweep file's {what} '{spec.get('class_path')}' could not be built ({err})."
+            f"The sweep file's {what} '{spec.get('class_path')}' cannot be built: {err}."
         ) from err
 
 
@@ -61,12 +61,8 @@ def load_space(path: str | Path) -> SweepSpace:
     path, keys = Path(path), [f.name for f in fields(SweepSpace)]
     try:
         raw = yaml.safe_load(path.read_text()) or {}
-    except OSError as err:
-        raise ConfigError(
-            f"Sweep file '{path}' not found: give one with --space (configs/sweep/*.yaml)."
-        ) from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from err
+    except (OSError, yaml.YAMLError) as err:  # --space configs/sweep/<name>.yaml
+        raise ConfigError(f"Sweep file {path} cannot be read: {' '.join(str(err).split())}") from err
     if not isinstance(raw, dict) or set(raw) - set(keys):
         raise ConfigError(f"{path}: a sweep file is a mapping with the keys {', '.join(keys)}.")
     space = SweepSpace(**{"name": path.stem, **{k: v for k, v in raw.items() if v is not None}})
@@ -103,17 +99,3 @@ def param_problem(key: str, spec: Any) -> str | None:
     except (TypeError, ValueError, UserWarning) as err:
         return f"{name} ({kind}) is refused by Optuna: {str(err).rstrip('.')}"
     return None
-
-
-def nest(dotted: dict[str, Any]) -> dict:
-    """{'a.b.c': 1} -> {'a': {'b': {'c': 1}}}: the YAML overlay that `--a.b.c 1` means on the command line."""
-    tree: dict = {}
-    for key, value in dotted.items():
-        *parents, leaf = key.split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"Sweep keys clash: '{key}' goes below a key that has a value of its own.")
-        node[leaf] = value
-    return tree

@@ -37,12 +37,10 @@ class Heartbeat(BaseHeartbeat):
         return requeue_dead_trial
 
 
-class RDB(Heartbeat, RDBStorage):
-    pass
+class RDB(Heartbeat, RDBStorage): ...
 
 
-class Journal(Heartbeat, JournalStorage):
-    pass
+class Journal(Heartbeat, JournalStorage): ...
 
 
 def requeue_dead_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -83,11 +81,8 @@ def open_storage(url: str):
             break
         except Exception as err:
             raced = find_in_chain(err, sqlalchemy.exc.DBAPIError)
-            if (
-                attempt == 10
-                or not isinstance(raced, sqlalchemy.exc.IntegrityError)
-                and "already exists" not in str(raced)
-            ):
+            lost = isinstance(raced, sqlalchemy.exc.IntegrityError) or "already exists" in str(raced)
+            if attempt == 10 or not lost:
                 raise ConfigError(cannot_open(url, err)) from err
             time.sleep(random.uniform(0.05, 0.25) * attempt)
     if url.startswith("sqlite"):
@@ -120,8 +115,7 @@ def cannot_open(url: str, err: BaseException) -> str:
     shown = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)  # no password in logs
     return (
         f"Cannot open the study storage '{shown}': {(lines[0] if lines else type(err).__name__).rstrip('.')}. "
-        "--storage takes sqlite:///<file> or journal:<file> (in an existing folder this user can write; for many "
-        "machines, on a filesystem they all reach), postgresql://user:password@host/db (pip install "
-        "'psycopg[binary]'; postgresql+psycopg2:// with pip install psycopg2-binary) or mysql+pymysql://... (pip "
-        "install pymysql), on every machine: check the URL, and that its database server runs and is reachable."
+        "--storage takes sqlite:///<file> or journal:<file> (in a folder that exists; shared by every machine), "
+        "postgresql://user:password@host/db (pip install 'psycopg[binary]'; postgresql+psycopg2:// with pip install "
+        "psycopg2-binary) or mysql+pymysql://... (pip install pymysql): check it, and that its database server runs."
     )

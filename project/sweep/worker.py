@@ -1,6 +1,7 @@
 """A sweep worker: trials of one study until it holds n_trials finished (complete or pruned) ones. Each trial is
 its own `make train` process, so a NaN, an out-of-memory or a kill stays inside it, and a DDP trial has its ranks."""
 
+import contextlib
 import ctypes
 import json
 import math
@@ -18,14 +19,13 @@ from optuna.trial import TrialState
 
 from project.atomic import write_text_atomic
 from project.sweep import storage
-from project.sweep.space import SweepSpace, nest
+from project.sweep.space import SweepSpace
 
 TRIAL_CONFIG, TRIAL_LOG = "sweep_trial.yaml", "console.log"
 PRUNED_KEY = "ddp_pl:pruned"  # the system attribute optuna-integration sets when it prunes under DDP
 
 
-class TrialFailed(RuntimeError):
-    pass
+class TrialFailed(RuntimeError): ...
 
 
 def trial_dir(sweep_dir: Path, number: int) -> Path:
@@ -39,10 +39,8 @@ def fit_command(configs: list[str], overlay: Path, run_dir: Path) -> list[str]:
 
 def die_with_parent() -> None:
     """SIGTERM (a trial then saves last.ckpt) when the parent dies, even by kill -9 (Linux's PR_SET_PDEATHSIG)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
-    except (OSError, AttributeError):
-        pass
 
 
 @dataclass
@@ -57,19 +55,15 @@ class Sweep:
     first_trial: int = 0
 
     def objective(self, trial: optuna.Trial) -> float:
-        params, run_dir, study = (
-            self.space.sample(trial),
-            trial_dir(self.sweep_dir, trial.number),
-            trial.study,
-        )
+        params, study = self.space.sample(trial), trial.study
+        run_dir = trial_dir(self.sweep_dir, trial.number)
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("omp_num_threads", os.environ.get("OMP_NUM_THREADS"))  # for best.yaml's re-run
         trial.set_user_attr("pid", os.getpid())
         init = dict(storage=self.storage_url, study_name=study.study_name, trial_number=trial.number)
         pruning = {"class_path": "project.sweep.pruning.TrialPruning", "init_args": init}
         init.update(monitor=self.metric, pruner=self.space.pruner)
-        overlay = nest({**self.space.fixed, **params})
-        overlay.setdefault("trainer", {})["callbacks+"] = [pruning]  # after the base config's callbacks
+        overlay = {**self.space.fixed, **params, "trainer.callbacks+": [pruning]}  # dotted keys, as flags
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / TRIAL_CONFIG, yaml.safe_dump(overlay, sort_keys=False))
         print(f"Trial {trial.number}: {run_dir} ({TRIAL_LOG} there)", flush=True)
@@ -80,12 +74,10 @@ class Sweep:
                 code = process.wait()
             except BaseException:  # Ctrl+C or SIGTERM of the worker: the trial saves last.ckpt and exits
                 process.terminate()
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                base = {"base_config": True} if trial.user_attrs.get("base_config") else {}  # no retry limit
-                study.enqueue_trial(params, user_attrs={"retry_of": trial.number, **base})
+                process.kill()
+                storage.requeue_dead_trial(study, study.get_trials(deepcopy=False)[trial.number])
                 raise
         frozen = study.get_trials(deepcopy=False)[trial.number]
         if frozen.system_attrs.get(PRUNED_KEY):
@@ -105,17 +97,13 @@ def run_worker(sweep: Sweep, study: optuna.Study) -> int:
         trials = study.get_trials(deepcopy=False)
         finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
         running = sum(t.state == TrialState.RUNNING for t in trials)
-        failed = sum(
-            t.state == TrialState.FAIL and "error" in t.user_attrs for t in trials[sweep.first_trial :]
-        )
+        mine = trials[sweep.first_trial :]  # a trial's own failures, not a stopped or dead worker's
+        failed = sum(t.state == TrialState.FAIL and "error" in t.user_attrs for t in mine)
         if finished >= sweep.n_trials:
             return 0
-        if failed >= sweep.max_failed:  # a trial's own failures, not a stopped or dead worker's
-            where = f"each trial's console.log under {sweep.sweep_dir}/trials/ says why"
-            print(
-                f"error: {failed} trials of this command failed (--max_failed {sweep.max_failed}); the sweep stops: {where}.",
-                file=sys.stderr,
-            )
+        if failed >= sweep.max_failed:
+            why = f"{failed} trials of this command failed (--max_failed {sweep.max_failed}); the sweep stops: each trial's console.log under {sweep.sweep_dir}/trials/ says why"
+            print(f"error: {why}.", file=sys.stderr)
             return 1
         if finished + running >= sweep.n_trials:  # until a running trial ends, or goes stale
             time.sleep(storage.HEARTBEAT_INTERVAL_S)
@@ -126,9 +114,8 @@ def run_worker(sweep: Sweep, study: optuna.Study) -> int:
 def read_metric(run_dir: Path, trial: optuna.trial.FrozenTrial, metric: str, direction) -> float | None:
     """The monitor's best_score from summary.json; another metric's best reported value (a system attribute of
     optuna-integration's under DDP)."""
-    summary = (
-        json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    )
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
     if summary.get("monitor") == metric:
         return None if summary.get("best_score") is None else float(summary["best_score"])
     values = trial.intermediate_values or trial.system_attrs.get("ddp_pl:intermediate_value") or {}
