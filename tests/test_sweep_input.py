@@ -300,3 +300,63 @@ def test_report_draws_optunas_plots(tmp_path):
     plot(study, tmp_path, "val/loss")
     for name in ("report.png", "curves.png", "importances.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG"), name
+
+
+def files(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file's hash and mtime: a refusal changes nothing, not even a file's time."""
+    return {k: (v, (folder / k).stat().st_mtime_ns) for k, v in snapshot(folder).items()}
+
+
+@pytest.fixture
+def fast_trials(monkeypatch):
+    """Sweeps whose input check and trials are not the test's subject: a trial writes its summary.json at once."""
+    import sys
+
+    import project.sweep.check
+    import project.sweep.worker
+
+    summary = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'monitor': 'val/loss', 'best_score': 0.5}))"
+    monkeypatch.setattr(project.sweep.check, "check_inputs", lambda *args: ("val/loss", "minimize", {}))
+    monkeypatch.setattr(
+        project.sweep.worker,
+        "fit_command",
+        lambda configs, overlay, run_dir: [sys.executable, "-c", summary, str(run_dir / "summary.json")],
+    )
+    handler = signal.getsignal(signal.SIGTERM)  # the sweep turns SIGTERM into a stop of its trial
+    yield
+    signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.mark.claim("sweep-refusals")
+def test_a_space_the_study_cannot_continue_exits_2_and_changes_nothing(tmp_path, capsys, fast_trials):
+    """The sweep file of an existing study edited: the categorical's choices narrowed. Optuna cannot continue a study
+    whose categorical changed its choices: one paragraph, exit 2, and no file of the sweep directory changed (before,
+    the sweep crashed with a traceback in its first trial and added a failed trial to study.db)."""
+    sweep_dir = tmp_path / "sweep"
+    existing_study(sweep_dir, write_space(tmp_path / "good.yaml", n_trials=3))
+    before = files(sweep_dir)
+    narrowed = write_space(
+        tmp_path / "t.yaml",
+        n_trials=3,
+        params={
+            **yaml.safe_load((tmp_path / "good.yaml").read_text())["params"],
+            WIDTH: {"type": "categorical", "choices": [16]},
+        },
+    )
+    assert sweep(narrowed, sweep_dir) == 2
+    refused(capsys, f"'{WIDTH}'", "choices", "Nothing was changed")
+    assert files(sweep_dir) == before
+
+
+@pytest.mark.claim("sweep-refusals")
+def test_a_directory_that_holds_another_study_exits_2_and_changes_nothing(tmp_path, capsys, fast_trials):
+    """Two sweep files (two studies) given the same --dir: the second is refused in one paragraph, exit 2, and no
+    file of the directory changes (before, it wrote its trials into the same trials/NNN folders, its summaries and
+    best.yaml over the first's)."""
+    sweep_dir = tmp_path / "sweep"
+    assert sweep(write_space(tmp_path / "t.yaml", n_trials=1), sweep_dir) == 0
+    assert (sweep_dir / "trials" / "000" / "summary.json").is_file()
+    before = files(sweep_dir)
+    assert sweep(write_space(tmp_path / "u.yaml", name="u", n_trials=1), sweep_dir) == 2
+    refused(capsys, str(sweep_dir), "study 't'", "Nothing was changed")
+    assert files(sweep_dir) == before

@@ -9,6 +9,7 @@ are not in the test environment.
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -418,3 +419,71 @@ def test_a_dead_workers_trial_is_queued_again_once_when_two_workers_recover_it_a
         assert len(waiting) == 1 and waiting[0].params == trial.params, (
             f"round {round_}: {len(waiting)} copies"
         )
+
+
+KILLED_IN_ASK = """
+import json, os, signal, sys, types
+
+import optuna
+import project.sweep, project.sweep.storage, project.sweep.worker
+
+# Not this test's subject: the input check (the first trial is the base config's, lr 0.003) and the trials' runs (a
+# trial writes its summary.json at once). A dead worker's trial is stale after 1 s, not 20.
+sys.modules["project.sweep.check"] = types.SimpleNamespace(
+    check_inputs=lambda *args: ("val/loss", "minimize", {"model.init_args.optimizer.init_args.lr": 0.003})
+)
+summary = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'monitor': 'val/loss', 'best_score': 0.5}))"
+project.sweep.worker.fit_command = lambda configs, overlay, run_dir: [
+    sys.executable, "-c", summary, str(run_dir / "summary.json")
+]
+project.sweep.storage.HEARTBEAT_INTERVAL_S = project.sweep.storage.GRACE_PERIOD_S = 1
+if sys.argv[1] == "kill":  # inside ask(): the queued trial has just become RUNNING, and its worker dies
+    for storage in (optuna.storages.RDBStorage, optuna.storages.JournalStorage):
+
+        def set_state(self, trial_id, state, values=None, _set=storage.set_trial_state_values):
+            done = _set(self, trial_id, state, values)
+            if state == optuna.trial.TrialState.RUNNING:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return done
+
+        storage.set_trial_state_values = set_state
+project.sweep.main(sys.argv[2:])
+"""
+
+
+@pytest.mark.claim("sweep-resume")
+@pytest.mark.parametrize("storage", ["default", "journal"])
+def test_a_worker_killed_inside_ask_leaves_no_trial_running(tmp_path, storage):
+    """A worker SIGKILLed inside Optuna's ask(), when the queued base config's trial has become RUNNING and before
+    its first heartbeat (forced by a hook in the storage, not timed). The same command again fails that trial, queues
+    its values again and completes exactly n_trials, none left RUNNING, on SQLite and on the journal (before, the
+    trial had no heartbeat: SQLite's re-run waited for it for ever, the journal's ended one trial short)."""
+    script = tmp_path / "sweep.py"
+    script.write_text(KILLED_IN_ASK)
+    argv = ["--space", str(write_space(tmp_path / "t.yaml", n_trials=2)), "--dir", str(tmp_path / "sweep")]
+    url = (
+        f"journal:{tmp_path / 'study.journal'}"
+        if storage == "journal"
+        else default_storage(tmp_path / "sweep")
+    )
+    argv += ["--storage", url] if storage == "journal" else []
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+    def sweep(mode: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(script), mode, *argv]
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    killed = sweep("kill")
+    assert killed.returncode == -signal.SIGKILL, killed
+    study = optuna.load_study(study_name="t", storage=open_storage(url))
+    (trial,) = study.get_trials()
+    assert trial.state == TrialState.RUNNING and trial.user_attrs["base_config"], trial  # killed inside ask()
+    again = sweep("rerun")
+    assert again.returncode == 0, again
+    trials = optuna.load_study(study_name="t", storage=open_storage(url)).get_trials()
+    states = [t.state for t in trials]
+    assert states.count(TrialState.COMPLETE) == 2 and TrialState.RUNNING not in states, [
+        (t.number, t.state, t.params) for t in trials
+    ]
+    assert trials[0].state == TrialState.FAIL and TrialState.WAITING not in states, states
+    assert {LR: 0.003} in [t.params for t in trials if t.state == TrialState.COMPLETE]  # its values ran

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from project.errors import ConfigError
 
 
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
 def run(argv: list[str]) -> int:
     import optuna
 
+    from project.atomic import write_text_atomic
     from project.sweep import report, space, storage
     from project.sweep.worker import Sweep, die_with_parent, run_worker
 
@@ -56,7 +59,20 @@ def run(argv: list[str]) -> int:
     sweep_dir = Path(args.dir or Path("runs", "sweeps", sweep_file.name))
     url, name = args.storage or storage.default_storage(sweep_dir), args.study or sweep_file.name
     # Bad input stops before the storage is created or written: a new sweep creates nothing, an old one is untouched.
+    owner, marker = {"study": name, "storage": args.storage}, sweep_dir / "study.yaml"  # None: <dir>/study.db
+    if marker.exists() and (held := yaml.safe_load(marker.read_text())) != owner:
+        raise ConfigError(
+            f"{sweep_dir} holds study '{held['study']}' (storage: {held['storage'] or 'its study.db'}), not '{name}' "
+            f"({args.storage or 'study.db'}): two studies would write into the same trials/NNN folders. Use another "
+            "--dir, or that study's --study and --storage. Nothing was changed."
+        )
     study = storage.existing_study(url, name, sweep_dir)
+    if study and (changed := space.unchangeable(sweep_file, study)):
+        raise ConfigError(
+            f"Study '{name}' in {url} cannot go on with the sweep file's ranges of {'; '.join(changed)}: Optuna keeps "
+            "a parameter's kind and a categorical's choices. Put them back, or give the new space another --dir or "
+            "--study. Nothing was changed."
+        )
     had = (study.user_attrs.get("metric"), study.direction.name.lower()) if study else (None, None)
     if args.report or args.child:
         if study is None:
@@ -71,8 +87,7 @@ def run(argv: list[str]) -> int:
     if study and (had[1] != direction or had[0] not in (None, metric)):  # values of two metrics do not rank
         raise ConfigError(
             f"Study '{name}' in {url} ranks its trials by {had[0] or 'its metric'} ({had[1]}), not {metric} "
-            f"({direction}): use another --dir/--study for another metric, or the study's own metric and direction "
-            "in the sweep file. Nothing was changed."
+            f"({direction}): use another --dir/--study, or the study's metric. Nothing was changed."
         )
     if args.report:
         return report.write_report(study, sweep_dir, configs, metric)
@@ -87,6 +102,8 @@ def run(argv: list[str]) -> int:
         study = optuna.load_study(study_name=name, storage=opened)
     if study.user_attrs.get("metric") is None:
         study.set_user_attr("metric", metric)
+    if not marker.exists():
+        write_text_atomic(marker, yaml.safe_dump(owner))
     if args.workers > 1:  # the same command, each its own --worker_index (argparse takes a flag's last value)
         cmd = [sys.executable, "-m", "project", "sweep", *argv, "--child", "--workers=1", "--worker_index"]
         print(f"{args.workers} workers, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}", flush=True)

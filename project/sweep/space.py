@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import optuna
 import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -84,6 +85,17 @@ def load_space(path: str | Path) -> SweepSpace:
     space.build_sampler()
     instantiate(space.pruner or NO_PRUNER, "pruner")
     return space
+
+
+def unchangeable(space: SweepSpace, study) -> list[str]:
+    """The searched keys whose new range Optuna cannot continue from the study's trials (a categorical's choices)."""
+    new, found = {k: DISTRIBUTIONS[s["type"]](**args(s)) for k, s in space.params.items()}, []
+    for key, old in {(k, d) for t in study.get_trials(deepcopy=False) for k, d in t.distributions.items()}:
+        try:
+            optuna.distributions.check_distribution_compatibility(old, new.get(key, old))
+        except ValueError:
+            found.append(f"'{key}' (the study's {old}, the sweep file's {new[key]})")
+    return found
 
 
 def param_problem(key: str, spec: Any) -> str | None:

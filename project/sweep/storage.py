@@ -1,5 +1,6 @@
 """Where a study lives: SQLite in the sweep directory (default), an RDB URL, or an Optuna journal file."""
 
+import contextlib
 import random
 import re
 import time
@@ -54,12 +55,10 @@ def default_storage(sweep_dir: Path) -> str:
 
 def existing_study(url: str, name: str, sweep_dir: Path) -> optuna.Study | None:
     """The study if it exists, read without creating or writing anything."""
-    if url == default_storage(sweep_dir) and not Path(sweep_dir, "study.db").exists():
-        return None
-    try:
-        return optuna.load_study(study_name=name, storage=open_storage(url))
-    except KeyError:
-        return None
+    if url != default_storage(sweep_dir) or Path(sweep_dir, "study.db").exists():
+        with contextlib.suppress(KeyError):  # no such study
+            return optuna.load_study(study_name=name, storage=open_storage(url))
+    return None
 
 
 def open_storage(url: str):

@@ -112,8 +112,7 @@ def run_worker(sweep: Sweep, study: optuna.Study) -> int:
 
 
 def read_metric(run_dir: Path, trial: optuna.trial.FrozenTrial, metric: str, direction) -> float | None:
-    """The monitor's best_score from summary.json; another metric's best reported value (a system attribute of
-    optuna-integration's under DDP)."""
+    """The monitor's best_score from summary.json, else the best value the trial reported (under DDP as well)."""
     path = run_dir / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
     if summary.get("monitor") == metric:
