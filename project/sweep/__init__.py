@@ -62,16 +62,14 @@ def run(argv: list[str]) -> int:
     owner, marker = {"study": name, "storage": args.storage}, sweep_dir / "study.yaml"  # None: <dir>/study.db
     if marker.exists() and (held := yaml.safe_load(marker.read_text())) != owner:
         raise ConfigError(
-            f"{sweep_dir} holds study '{held['study']}' (storage: {held['storage'] or 'its study.db'}), not '{name}' "
-            f"({args.storage or 'study.db'}): two studies would write into the same trials/NNN folders. Use another "
-            "--dir, or that study's --study and --storage. Nothing was changed."
+            f"{sweep_dir} holds study '{held['study']}' (--storage {held['storage'] or 'default'}), not '{name}': two "
+            "studies would write into the same trials/NNN folders. Use another --dir. Nothing was changed."
         )
     study = storage.existing_study(url, name, sweep_dir)
     if study and (changed := space.unchangeable(sweep_file, study)):
         raise ConfigError(
-            f"Study '{name}' in {url} cannot go on with the sweep file's ranges of {'; '.join(changed)}: Optuna keeps "
-            "a parameter's kind and a categorical's choices. Put them back, or give the new space another --dir or "
-            "--study. Nothing was changed."
+            f"Study '{name}' in {url} cannot go on with the new range of {'; '.join(changed)}: Optuna keeps a "
+            "parameter's kind and a categorical's choices. Put it back, or use another --dir. Nothing was changed."
         )
     had = (study.user_attrs.get("metric"), study.direction.name.lower()) if study else (None, None)
     if args.report or args.child:
