@@ -19,17 +19,19 @@ MAX_RETRY = 3  # a trial that takes its worker down every time is not retried fo
 
 
 class Heartbeat(BaseHeartbeat):
-    """Optuna's heartbeat, kept as a trial system attribute so that the journal has one too. A RUNNING trial that
-    never beat counts from its start: its worker died inside ask(), before its first beat."""
+    """Optuna's heartbeat, kept as a trial system attribute so that the journal has one too. A RUNNING trial counts
+    from its start as well: its worker may have died inside ask(), before its first beat (a retry copies old beats)."""
 
     def record_heartbeat(self, trial_id: int) -> None:
         self.set_trial_system_attr(trial_id, "heartbeat", time.time())
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        running = self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
-        beats = {t.number: t.system_attrs.get("heartbeat", t.datetime_start.timestamp()) for t in running}
-        stale = [n for n, beat in beats.items() if time.time() - beat > GRACE_PERIOD_S]
-        return [self.get_trial_id_from_study_id_trial_number(study_id, n) for n in stale]
+        stale = []
+        for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            alive = max(t.system_attrs.get("heartbeat", 0), t.datetime_start.timestamp())
+            if time.time() - alive > GRACE_PERIOD_S:
+                stale.append(self.get_trial_id_from_study_id_trial_number(study_id, t.number))
+        return stale
 
     def get_heartbeat_interval(self) -> int:
         return HEARTBEAT_INTERVAL_S
