@@ -102,7 +102,7 @@ def existing_study(sweep_dir: Path, space: Path, failed: int = 0) -> dict[str, s
         )
     for number, lr in enumerate((3.0e-3, 1.0e-3)):  # each trial's run directory (its overlay, for best.yaml)
         (sweep_dir / "trials" / f"{number:03d}").mkdir(parents=True)
-        overlay = {"model": {"init_args": {"optimizer": {"init_args": {"lr": lr}}}}}
+        overlay = {LR: lr}  # dotted keys, as the CLI reads them
         (sweep_dir / "trials" / f"{number:03d}" / "sweep_trial.yaml").write_text(yaml.safe_dump(overlay))
     (sweep_dir / "space.yaml").write_text(space.read_text())
     (sweep_dir / "best.yaml").write_text("# Best trial of sweep 't': trial 1, val/loss = 0.58\n")
@@ -165,22 +165,19 @@ def test_bad_pruner_exits_2_before_the_storage_is_created(tmp_path, capsys):
 
 @pytest.mark.claim("sweep-bad-input-before-trials")
 def test_misspelled_keys_exit_2_with_the_closest_key(tmp_path, capsys):
-    """A misspelled searched key, fixed key and trial flag, each named with the key the training CLI has, before any
-    trial (before, each of n_trials trials failed on it in turn)."""
+    """Misspelled searched and fixed keys, each named with the key the training CLI has, before any trial (before,
+    each of n_trials trials failed on them in turn)."""
     space = write_space(
         tmp_path / "t.yaml",
-        fixed={**FAST, "trainer.max_epoch": 1},
+        fixed={**FAST, "trainer.max_epoch": 1, "data.init_args.batch_sizee": 32},
         params={"model.init_args.optimizer.init_args.lrr": {"type": "float", "low": 1.0e-4, "high": 0.1}},
     )
-    assert sweep(space, tmp_path / "sweep", "--data.init_args.batch_sizee", "32") == 2
+    assert sweep(space, tmp_path / "sweep") == 2
     refused(
         capsys,
-        "`params:` key 'model.init_args.optimizer.init_args.lrr'",
-        f"did you mean '{LR}'?",
-        "`fixed:` key 'trainer.max_epoch'",
-        "did you mean 'trainer.max_epochs'?",
-        "trial flag '--data.init_args.batch_sizee'",
-        "did you mean 'data.init_args.batch_size'?",
+        f"'model.init_args.optimizer.init_args.lrr' is no key of the training config (did you mean '{LR}'?)",
+        "'trainer.max_epoch' is no key of the training config (did you mean 'trainer.max_epochs'?)",
+        "'data.init_args.batch_sizee' is no key of the training config (did you mean 'data.init_args.batch_size'?)",
     )
     assert not (tmp_path / "sweep").exists()
 
@@ -194,7 +191,7 @@ def test_a_refused_choice_exits_2_naming_the_key_and_value(tmp_path, capsys):
         params={optimizer: {"type": "categorical", "choices": ["torch.optim.AdamW", "torch.optim.Adamm"]}},
     )
     assert sweep(space, tmp_path / "sweep") == 2
-    refused(capsys, f"`params:` key '{optimizer}' = 'torch.optim.Adamm'", "torch.optim.Adam?")
+    refused(capsys, f"{{'{optimizer}': 'torch.optim.Adamm'}}", "Did you mean torch.optim.Adam?")
     assert not (tmp_path / "sweep").exists()
 
 
@@ -303,3 +300,63 @@ def test_report_draws_optunas_plots(tmp_path):
     plot(study, tmp_path, "val/loss")
     for name in ("report.png", "curves.png", "importances.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG"), name
+
+
+def files(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file's hash and mtime: a refusal changes nothing, not even a file's time."""
+    return {k: (v, (folder / k).stat().st_mtime_ns) for k, v in snapshot(folder).items()}
+
+
+@pytest.fixture
+def fast_trials(monkeypatch):
+    """Sweeps whose input check and trials are not the test's subject: a trial writes its summary.json at once."""
+    import sys
+
+    import project.sweep.check
+    import project.sweep.worker
+
+    summary = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'monitor': 'val/loss', 'best_score': 0.5}))"
+    monkeypatch.setattr(project.sweep.check, "check_inputs", lambda *args: ("val/loss", "minimize", {}))
+    monkeypatch.setattr(
+        project.sweep.worker,
+        "fit_command",
+        lambda configs, overlay, run_dir: [sys.executable, "-c", summary, str(run_dir / "summary.json")],
+    )
+    handler = signal.getsignal(signal.SIGTERM)  # the sweep turns SIGTERM into a stop of its trial
+    yield
+    signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.mark.claim("sweep-refusals")
+def test_a_space_the_study_cannot_continue_exits_2_and_changes_nothing(tmp_path, capsys, fast_trials):
+    """The sweep file of an existing study edited: the categorical's choices narrowed. Optuna cannot continue a study
+    whose categorical changed its choices: one paragraph, exit 2, and no file of the sweep directory changed (before,
+    the sweep crashed with a traceback in its first trial and added a failed trial to study.db)."""
+    sweep_dir = tmp_path / "sweep"
+    existing_study(sweep_dir, write_space(tmp_path / "good.yaml", n_trials=3))
+    before = files(sweep_dir)
+    narrowed = write_space(
+        tmp_path / "t.yaml",
+        n_trials=3,
+        params={
+            **yaml.safe_load((tmp_path / "good.yaml").read_text())["params"],
+            WIDTH: {"type": "categorical", "choices": [16]},
+        },
+    )
+    assert sweep(narrowed, sweep_dir) == 2
+    refused(capsys, f"'{WIDTH}'", "choices", "Nothing was changed")
+    assert files(sweep_dir) == before
+
+
+@pytest.mark.claim("sweep-refusals")
+def test_a_directory_that_holds_another_study_exits_2_and_changes_nothing(tmp_path, capsys, fast_trials):
+    """Two sweep files (two studies) given the same --dir: the second is refused in one paragraph, exit 2, and no
+    file of the directory changes (before, it wrote its trials into the same trials/NNN folders, its summaries and
+    best.yaml over the first's)."""
+    sweep_dir = tmp_path / "sweep"
+    assert sweep(write_space(tmp_path / "t.yaml", n_trials=1), sweep_dir) == 0
+    assert (sweep_dir / "trials" / "000" / "summary.json").is_file()
+    before = files(sweep_dir)
+    assert sweep(write_space(tmp_path / "u.yaml", name="u", n_trials=1), sweep_dir) == 2
+    refused(capsys, str(sweep_dir), "study 't'", "Nothing was changed")
+    assert files(sweep_dir) == before

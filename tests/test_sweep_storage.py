@@ -9,6 +9,7 @@ are not in the test environment.
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from optuna.trial import TrialState
 import project
 from project.errors import ConfigError
 from project.sweep.storage import default_storage, open_storage
-from project.sweep.worker import Sweep, make_objective
+from project.sweep.worker import Sweep
 
 LR = "model.init_args.optimizer.init_args.lr"
 ROOT = Path(project.__file__).resolve().parent.parent  # the checkout under test (children import it too)
@@ -31,7 +32,7 @@ ROOT = Path(project.__file__).resolve().parent.parent  # the checkout under test
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Heartbeat of storage is supposed to be used with Study.optimize"
 )
-START_TIMEOUT = 120  # seconds for three worker processes to import and join on 2 shared cores; a hang fails
+START_TIMEOUT = 240  # seconds for three worker processes to import Lightning and join on 2 shared cores
 
 
 def write_space(path: Path, **overrides) -> Path:
@@ -135,7 +136,7 @@ def test_schema_created_by_another_worker_meanwhile_is_loaded(tmp_path, monkeypa
         return create_all(metadata, bind, tables, checkfirst)
 
     monkeypatch.setattr(metadata, "create_all", racing_create_all)
-    storage = open_storage(url, heartbeat=False)
+    storage = open_storage(url)
     assert collided
     optuna.create_study(study_name="t", storage=storage)
     assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == ["t"]
@@ -146,7 +147,8 @@ import sys, time
 from pathlib import Path
 
 import optuna, sqlalchemy  # the imports before the barrier: the workers then differ by a millisecond, not seconds
-import project.sweep, project.sweep.report, project.sweep.storage, project.sweep.worker
+import project.sweep, project.sweep.check, project.sweep.report, project.sweep.storage, project.sweep.worker
+from project.sweep.space import load_space
 
 
 def join(sweep, study):  # instead of running trials: take one and draw its values, as a worker's first step does
@@ -157,6 +159,11 @@ def join(sweep, study):  # instead of running trials: take one and draw its valu
 
 
 project.sweep.worker.run_worker = join
+# The input check before the barrier (the workers then start together), its dry run left out (not this test's subject).
+project.sweep.check.reported_metrics = lambda *args: ["val/loss"]
+space = sys.argv[sys.argv.index("--space") + 1]
+checked = project.sweep.check.check_inputs(space, load_space(space), ["configs/default.yaml"])
+project.sweep.check.check_inputs = lambda *args: checked
 Path(sys.argv[1]).touch()
 while not Path(sys.argv[2]).exists():
     time.sleep(0.001)
@@ -178,13 +185,11 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
         "sqlite+pysqlite": f"sqlite+pysqlite:///{tmp_path / 'study.db'}",
         "journal": f"journal:{tmp_path / 'study.journal'}",
     }
-    # --child (as a worker of --workers N): the input check's dry run is not this test's subject
     argv = [
         "--space",
         str(write_space(tmp_path / "t.yaml")),
         "--dir",
         str(sweep_dir),
-        "--child",
     ]
     if urls[storage]:
         argv += ["--storage", urls[storage]]
@@ -230,7 +235,7 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
     joined = sorted(int(o.split("joined trial ")[1].split()[0]) for o, _ in outputs)
     assert joined == [0, 1, 2], report
     url = urls[storage] or default_storage(sweep_dir)
-    trials = optuna.load_study(study_name="t", storage=open_storage(url, heartbeat=False)).get_trials()
+    trials = optuna.load_study(study_name="t", storage=open_storage(url)).get_trials()
     assert len(trials) == 3, [(t.number, t.state, t.user_attrs) for t in trials]
     base = [t for t in trials if t.user_attrs.get("base_config")]
     assert len(base) == 1 and base[0].params == {LR: 0.003}, [
@@ -301,16 +306,20 @@ def test_base_config_trial_is_requeued_past_the_retry_limit(tmp_path, short_grac
         def terminate(self):
             pass
 
+        kill = terminate
+
     from project.sweep import worker
 
     worker.subprocess.Popen, popen = Interrupted, worker.subprocess.Popen
     try:
         with pytest.raises(KeyboardInterrupt):
-            make_objective(sweep, study)(trial)
+            sweep.objective(trial)
     finally:
         worker.subprocess.Popen = popen
     (retry,) = study.get_trials(states=(TrialState.WAITING,))
-    assert retry.user_attrs.get("base_config") and retry.user_attrs["retry_of"] == trial.number, retry
+    assert retry.user_attrs.get("base_config") and retry.system_attrs["retry_history"][-1] == trial.number, (
+        retry
+    )
 
 
 def make_sweep(tmp_path: Path) -> Sweep:
@@ -318,7 +327,7 @@ def make_sweep(tmp_path: Path) -> Sweep:
 
     space = load_space(write_space(tmp_path / "t.yaml"))
     configs = [str(ROOT / "configs" / "default.yaml")]
-    return Sweep(space, tmp_path, default_storage(tmp_path), configs, {}, "val/loss", 3, 3)
+    return Sweep(space, tmp_path, default_storage(tmp_path), configs, "val/loss", 3, 3)
 
 
 def test_the_stop_at_max_failed_counts_this_commands_failures(tmp_path, capsys):
@@ -348,7 +357,7 @@ def test_the_stop_at_max_failed_counts_this_commands_failures(tmp_path, capsys):
 
 
 def _take_a_trial(url: str, barrier, taken) -> None:
-    study = optuna.load_study(study_name="s", storage=open_storage(url, heartbeat=False))
+    study = optuna.load_study(study_name="s", storage=open_storage(url))
     barrier.wait()  # both workers ask within a millisecond of each other
     taken.put(study.ask().number)
 
@@ -364,9 +373,7 @@ def test_a_queued_trial_goes_to_one_of_two_workers_asking_at_once(tmp_path):
     context = multiprocessing.get_context("fork")  # the child only opens the storage and asks
     for round_ in range(20):
         url = f"sqlite:///{tmp_path / f'study{round_}.db'}"
-        optuna.create_study(study_name="s", storage=open_storage(url, heartbeat=False)).enqueue_trial(
-            {"x": 1.0}
-        )
+        optuna.create_study(study_name="s", storage=open_storage(url)).enqueue_trial({"x": 1.0})
         barrier, taken = context.Barrier(2), context.Queue()
         workers = [context.Process(target=_take_a_trial, args=(url, barrier, taken)) for _ in range(2)]
         for worker in workers:
@@ -412,3 +419,71 @@ def test_a_dead_workers_trial_is_queued_again_once_when_two_workers_recover_it_a
         assert len(waiting) == 1 and waiting[0].params == trial.params, (
             f"round {round_}: {len(waiting)} copies"
         )
+
+
+KILLED_IN_ASK = """
+import json, os, signal, sys, types
+
+import optuna
+import project.sweep, project.sweep.storage, project.sweep.worker
+
+# Not this test's subject: the input check (the first trial is the base config's, lr 0.003) and the trials' runs (a
+# trial writes its summary.json at once). A dead worker's trial is stale after 1 s, not 20.
+sys.modules["project.sweep.check"] = types.SimpleNamespace(
+    check_inputs=lambda *args: ("val/loss", "minimize", {"model.init_args.optimizer.init_args.lr": 0.003})
+)
+summary = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'monitor': 'val/loss', 'best_score': 0.5}))"
+project.sweep.worker.fit_command = lambda configs, overlay, run_dir: [
+    sys.executable, "-c", summary, str(run_dir / "summary.json")
+]
+project.sweep.storage.HEARTBEAT_INTERVAL_S = project.sweep.storage.GRACE_PERIOD_S = 1
+if sys.argv[1] == "kill":  # inside ask(): the queued trial has just become RUNNING, and its worker dies
+    for storage in (optuna.storages.RDBStorage, optuna.storages.JournalStorage):
+
+        def set_state(self, trial_id, state, values=None, _set=storage.set_trial_state_values):
+            done = _set(self, trial_id, state, values)
+            if state == optuna.trial.TrialState.RUNNING:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return done
+
+        storage.set_trial_state_values = set_state
+project.sweep.main(sys.argv[2:])
+"""
+
+
+@pytest.mark.claim("sweep-resume")
+@pytest.mark.parametrize("storage", ["default", "journal"])
+def test_a_worker_killed_inside_ask_leaves_no_trial_running(tmp_path, storage):
+    """A worker SIGKILLed inside Optuna's ask(), when the queued base config's trial has become RUNNING and before
+    its first heartbeat (forced by a hook in the storage, not timed). The same command again fails that trial, queues
+    its values again and completes exactly n_trials, none left RUNNING, on SQLite and on the journal (before, the
+    trial had no heartbeat: SQLite's re-run waited for it for ever, the journal's ended one trial short)."""
+    script = tmp_path / "sweep.py"
+    script.write_text(KILLED_IN_ASK)
+    argv = ["--space", str(write_space(tmp_path / "t.yaml", n_trials=2)), "--dir", str(tmp_path / "sweep")]
+    url = (
+        f"journal:{tmp_path / 'study.journal'}"
+        if storage == "journal"
+        else default_storage(tmp_path / "sweep")
+    )
+    argv += ["--storage", url] if storage == "journal" else []
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+    def sweep(mode: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(script), mode, *argv]
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    killed = sweep("kill")
+    assert killed.returncode == -signal.SIGKILL, killed
+    study = optuna.load_study(study_name="t", storage=open_storage(url))
+    (trial,) = study.get_trials()
+    assert trial.state == TrialState.RUNNING and trial.user_attrs["base_config"], trial  # killed inside ask()
+    again = sweep("rerun")
+    assert again.returncode == 0, again
+    trials = optuna.load_study(study_name="t", storage=open_storage(url)).get_trials()
+    states = [t.state for t in trials]
+    assert states.count(TrialState.COMPLETE) == 2 and TrialState.RUNNING not in states, [
+        (t.number, t.state, t.params) for t in trials
+    ]
+    assert trials[0].state == TrialState.FAIL and TrialState.WAITING not in states, states
+    assert {LR: 0.003} in [t.params for t in trials if t.state == TrialState.COMPLETE]  # its values ran

@@ -1,7 +1,5 @@
-"""TrialPruning, in a trial's process: its metric to the study after every epoch, and a stop when the pruner says so.
-
-Its own module: only a trial process imports optuna-integration (and with it Lightning), not the sweep's workers.
-"""
+"""TrialPruning, in a trial's process (the only one that imports optuna-integration and Lightning): the metric to the
+study after every epoch, and a stop when the pruner says so."""
 
 import math
 
@@ -14,25 +12,21 @@ from project.sweep.worker import PRUNED_KEY
 
 
 class TrialPruning(PyTorchLightningPruningCallback):
-    """optuna-integration's callback on the worker's trial, rebuilt from the storage and the trial number. Pruned:
-    marked with PRUNED_KEY (as optuna-integration does under DDP), the process ends at once without testing. A
-    non-finite metric (a diverged trial) is a failure with its reason (exit code 1), not a pruned trial."""
+    """optuna-integration's callback on the worker's trial, found by its number. Pruned: marked PRUNED_KEY, and the
+    process ends without testing. A non-finite metric is a failure (exit code 1), not a pruned trial."""
 
     def __init__(self, storage: str, study_name: str, trial_number: int, monitor: str, pruner: dict | None):
-        opened = open_storage(storage, heartbeat=False)
+        self.storage = open_storage(storage)
         pruner = instantiate(pruner or NO_PRUNER, "pruner")
-        study = optuna.load_study(study_name=study_name, storage=opened, pruner=pruner)
-        study_id = opened.get_study_id_from_name(study_name)
-        self.storage, self.trial_id = (
-            opened,
-            opened.get_trial_id_from_study_id_trial_number(study_id, trial_number),
-        )
+        study = optuna.load_study(study_name=study_name, storage=self.storage, pruner=pruner)
+        study_id = self.storage.get_study_id_from_name(study_name)
+        self.trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, trial_number)
         super().__init__(optuna.trial.Trial(study, self.trial_id), monitor)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         value = trainer.callback_metrics.get(self.monitor)
         if not trainer.sanity_checking and value is not None and not math.isfinite(float(value)):
-            raise SystemExit(  # exit code 1, the message on stderr
+            raise SystemExit(
                 f"\nerror: {self.monitor} is {float(value)} after epoch {pl_module.current_epoch}: this trial "
                 "diverged (a learning rate too high?). The sweep marks it failed and goes on."
             )
@@ -41,4 +35,4 @@ class TrialPruning(PyTorchLightningPruningCallback):
         except optuna.TrialPruned as pruned:
             self.storage.set_trial_system_attr(self.trial_id, PRUNED_KEY, True)
             print(f"\n{pruned} The sweep marks it pruned.", flush=True)
-            raise SystemExit(0) from None  # Lightning tears down on any BaseException, then the process ends
+            raise SystemExit(0) from None  # Lightning tears down on any BaseException

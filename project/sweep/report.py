@@ -1,9 +1,6 @@
-"""A sweep's results: trials.csv and a console table, best.yaml (re-runnable with `make train`), and Optuna's
-plots: report.png (the optimisation history), curves.png (every trial's metric per epoch, pruned ones included)
-and importances.png (the parameter importances of Optuna's default evaluator)."""
+"""A sweep's results: a console table and trials.csv, best.yaml (re-run with `make train`) and Optuna's plots."""
 
 import csv
-import os
 import shlex
 import sys
 import warnings
@@ -11,80 +8,58 @@ from pathlib import Path
 
 import optuna
 import yaml
+from optuna.trial import TrialState
 
 from project.atomic import atomic_write, write_text_atomic
 from project.sweep.worker import TRIAL_CONFIG, trial_dir
 
 
-def write_report(study: optuna.Study, sweep_dir: Path, configs: list[str], metric: str) -> Path | None:
+def write_report(study: optuna.Study, sweep_dir: Path, configs: list[str], metric: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    sweep_dir, trials = Path(sweep_dir), study.get_trials(deepcopy=False)
-    keys = sorted({k for t in trials for k in t.params})
+    sweep_dir, trials, direction = Path(sweep_dir), study.get_trials(deepcopy=False), study.direction.name
+    keys, direction = sorted({k for t in trials for k in t.params}), direction.lower()
+    best = study.best_trial if any(t.state == TrialState.COMPLETE for t in trials) else None
+    header = ["number", "state", "value", *keys, "epochs", "seconds", "error", "run_dir"]
     rows = [row(t, keys) for t in trials]
     with atomic_write(sweep_dir / "trials.csv", newline="") as handle:  # several workers may report at once
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["number"])
-        writer.writeheader()
-        writer.writerows(rows)
-    best = study.best_trial if any(r["state"] == "COMPLETE" for r in rows) else None
-    table = Table(title=f"Sweep '{study.study_name}': {metric} ({study.direction.name.lower()})")
-    for column in ["#", "state", metric, *(k.rsplit(".", 1)[-1] for k in keys), "epochs", "s", "error"]:
-        table.add_column(column, no_wrap=True, max_width=60)
+        csv.writer(handle).writerows([header, *rows])
+    title = f"Sweep '{study.study_name}': {metric} ({direction})"
+    table = Table(*(h.rsplit(".", 1)[-1] for h in header[:-1]), title=title)
     for r in rows:
-        r["number"] = f"{r['number']} *" if best and r["number"] == best.number else r["number"]
-        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in list(r.values())[:-1]))
-    # Piped or in a log file Rich would assume 80 columns and cut every column short.
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+        cells = ("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)[:80] for v in r[:-1])
+        table.add_row(*cells, style="bold" if best and r[0] == best.number else None)  # the best in bold
+    Console(width=None if sys.stdout.isatty() else 200).print(table)  # piped, Rich would cut at 80 columns
     if best is None:
-        print("No complete trial yet: no best.yaml.", flush=True)
-        return None
-    write_text_atomic(sweep_dir / "best.yaml", best_yaml(best, sweep_dir, configs, metric, study))
-    plot(study, sweep_dir, metric)
-    print(f"Best: trial {best.number}, {metric} = {best.value:.6g}. Re-run it: {rerun(sweep_dir, configs)}")
-    print(f"Sweep directory: {sweep_dir}", flush=True)
-    return sweep_dir / "best.yaml"
-
-
-def row(trial: optuna.trial.FrozenTrial, keys: list[str]) -> dict:
-    return {
-        "number": trial.number,
-        "state": trial.state.name,
-        "value": "" if trial.value is None else trial.value,
-        **{k: trial.params.get(k, "") for k in keys},
-        "epochs": max(trial.intermediate_values) + 1 if trial.intermediate_values else "",
-        "seconds": round(trial.duration.total_seconds(), 1) if trial.duration else "",
-        "error": trial.user_attrs.get("error", ""),
-        "run_dir": trial.user_attrs.get("run_dir", ""),
-    }
-
-
-def best_yaml(best, sweep_dir: Path, configs: list[str], metric: str, study: optuna.Study) -> str:
-    """The best trial's overlay (fixed keys, its parameters) without the sweep's pruning callback."""
+        return print("No complete trial yet: no best.yaml.")
     overlay = yaml.safe_load((trial_dir(sweep_dir, best.number) / TRIAL_CONFIG).read_text())
-    overlay.get("trainer", {}).pop("callbacks+", None)
-    if not overlay.get("trainer", True):
-        overlay.pop("trainer")
+    overlay.pop("trainer.callbacks+", None)  # the sweep's own callback
+    best_yaml = f"--config {shlex.quote(str(sweep_dir / 'best.yaml'))}"
+    rerun = "python -m project fit " + " ".join([*(f"--config {shlex.quote(c)}" for c in configs), best_yaml])
+    if configs == ["configs/default.yaml"]:
+        rerun = f'make train ARGS="{best_yaml}"'
+
     threads = best.user_attrs.get("omp_num_threads")
-    ran = f"OMP_NUM_THREADS={threads}" if threads else "torch's default thread count (OMP_NUM_THREADS unset)"
-    return (
-        f"# Best trial of sweep '{study.study_name}': trial {best.number}, {metric} = {best.value!r} "
-        f"({study.direction.name.lower()}), run {best.user_attrs.get('run_dir', '')}\n"
-        f"# Re-run: {rerun(sweep_dir, configs)}\n"
-        f"# The same metric, bit for bit, needs the same machine, seed and thread count: the trial ran with {ran}.\n"
-        + yaml.safe_dump(overlay, sort_keys=False)
+    write_text_atomic(
+        sweep_dir / "best.yaml",
+        f"# Best trial of sweep '{study.study_name}': trial {best.number}, {metric} = {best.value!r} ({direction}), "
+        f"run {trial_dir(sweep_dir, best.number)}\n# Re-run: {rerun}\n# The same metric, bit for bit, needs the same "
+        f"machine, seed and thread count: the trial ran with OMP_NUM_THREADS={threads or 'unset (torch default)'}.\n"
+        + yaml.safe_dump(overlay, sort_keys=False),
     )
+    plot(study, sweep_dir, metric)
+    print(f"Best: trial {best.number}, {metric} = {best.value:.6g}. Re-run it: {rerun}")
 
 
-def rerun(sweep_dir: Path, configs: list[str]) -> str:
-    if [os.path.normpath(c) for c in configs] == [os.path.normpath("configs/default.yaml")]:
-        return f'make train ARGS="--config {sweep_dir / "best.yaml"}"'
-    configs = [*configs, str(sweep_dir / "best.yaml")]
-    return "python -m project fit " + " ".join(f"--config {shlex.quote(c)}" for c in configs)
+def row(t: optuna.trial.FrozenTrial, keys: list[str]) -> list:
+    epochs, seconds = len(t.intermediate_values) or None, t.duration and round(t.duration.total_seconds(), 1)
+    error, run_dir = t.user_attrs.get("error"), t.user_attrs.get("run_dir")
+    return [t.number, t.state.name, t.value, *map(t.params.get, keys), epochs, seconds, error, run_dir]
 
 
 def plot(study: optuna.Study, sweep_dir: Path, metric: str) -> None:
-    """Optuna's matplotlib plots, each a PNG; one that cannot be drawn (too few trials for importances) is said."""
+    """Optuna's matplotlib plots; one that cannot be drawn (too few trials for importances) is said."""
     import matplotlib
 
     matplotlib.use("Agg")
