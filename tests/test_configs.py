@@ -38,12 +38,12 @@ def test_sweep_file_names_keys_the_training_config_has(name, in_tmp):
     """A shipped sweep file's dotted keys, at both ends of their ranges, overlay default.yaml as `make train` would."""
     import yaml
 
-    from project.sweep.space import load_space, nest
+    from project.sweep.space import load_space
 
     space = load_space(CONFIGS / name)  # its sampler and pruner built too
     for end in ("low", "high"):
         values = {k: spec[end] if end in spec else spec["choices"][0] for k, spec in space.params.items()}
-        (in_tmp / "trial.yaml").write_text(yaml.safe_dump(nest({**space.fixed, **values})))
+        (in_tmp / "trial.yaml").write_text(yaml.safe_dump({**space.fixed, **values}))
         cli = build_cli(["--config", str(CONFIGS / "default.yaml"), "--config", "trial.yaml"], run=False)
         for key, value in values.items():
             node = cli.config
