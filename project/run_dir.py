@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import pydoc
+import re
 import shutil
 import sys
 import tempfile
@@ -33,6 +34,8 @@ RUN_FILES = (
     "report.png",
 )
 RUN_FILES += ("resumes.jsonl", "checkpoints", "wandb")
+# Keys that name where a run writes, not what it trains: continue_run compares configs without them
+LOCATION_KEY = re.compile(r"(^|\.)(run_dir|ckpt_path|default_root_dir|save_dir|dirpath)$")
 LIMITS = ("trainer.max_epochs", "trainer.max_steps")  # raising one continues a run (continue_run)
 # --ckpt_path values that name no file: Lightning resolves them itself
 LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -60,6 +63,8 @@ def checkpoint_run(ckpt_path: str | Path | None) -> Path | None:
                 "Start a run with `make train`, or pass a checkpoint file: --ckpt_path runs/<run>/checkpoints/last.ckpt."
             )
         return runs[-1].parent.parent
+    if "://" in str(ckpt_path):  # object storage holds the checkpoints only: the run is named by --run_dir
+        return None
     if str(ckpt_path) not in LIGHTNING_CKPT_NAMES and Path(ckpt_path).parent.name == "checkpoints":
         return Path(ckpt_path).parent.parent
     return None
@@ -108,11 +113,6 @@ def prepare(config, subcommand: str, command_line: bool, dump=None) -> RunDir:
     run = choose(subcommand, given, config.get("ckpt_path"))
     check_writable(run.path)
     fresh = subcommand == "fit" and dump is not None and not config.get("ckpt_path")
-    # The newest checkpoint a fit without --ckpt_path continues from (hpc_ckpt: Lightning's SLURM requeue)
-    found = [p for p in (run.checkpoints / "last.ckpt", *run.path.glob("hpc_ckpt_*.ckpt")) if p.is_file()]
-    ckpt = max(found, key=os.path.getmtime, default=None) if fresh else None
-    if fresh and not ckpt:
-        remove_dead_attempt(run.path)
     if not run.path.exists():
         STARTED.append(run)
     config.run_dir = str(run.path)  # recorded in config.yaml
@@ -122,27 +122,43 @@ def prepare(config, subcommand: str, command_line: bool, dump=None) -> RunDir:
         trainer.logger = configure_loggers(trainer.logger, run.path)
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    remote = None
     for callback in trainer.callbacks or []:
         # A fixed folder (not Lightning's version_N) lets `--ckpt_path last` find it.
-        if subclass_of(callback.class_path, ModelCheckpoint) and callback.init_args.get("dirpath") is None:
-            callback.init_args.dirpath = str(run.checkpoints)
-    if fresh and ckpt:
-        continue_run(config, run.path, ckpt, dump)
+        if subclass_of(callback.class_path, ModelCheckpoint):
+            callback.init_args.dirpath = str(callback.init_args.get("dirpath") or run.checkpoints)
+            remote = remote or ("://" in callback.init_args.dirpath and callback.init_args.dirpath)
+    if remote:  # checkpoints in object storage: nothing local tells a failed start from a stopped run
+        STARTED[:] = [r for r in STARTED if r != run]
+    if fresh:  # the newest checkpoint to continue from (hpc_ckpt: Lightning's SLURM requeue)
+        ckpt = newest_checkpoint(run, remote)
+        continue_run(config, run.path, ckpt, dump) if ckpt else remove_dead_attempt(run.path)
     keep_csv_history(run.path)
     if command_line and not given:
         sys.argv += ["--run_dir", str(run.path)]
     return run
 
 
+def newest_checkpoint(run: RunDir, remote: str | None) -> str | Path | None:
+    if remote:
+        from project.checkpoint import filesystem
+
+        return f"{remote}/last.ckpt" if filesystem(remote).isfile(f"{remote}/last.ckpt") else None
+    found = [p for p in (run.checkpoints / "last.ckpt", *run.path.glob("hpc_ckpt_*.ckpt")) if p.is_file()]
+    return max(found, key=os.path.getmtime, default=None)
+
+
 def continue_run(config, run: Path, ckpt: Path, dump) -> None:
     """A fit into a run directory that holds a checkpoint continues that run, as `make resume` does: when the
     config is the run's, or raises only max_epochs/max_steps. Any other change is refused; a run that finished
     (fit returned: its limit reached or a callback stopped it, not a signal) is left as it is."""
-    from project.callbacks.log_config import LOCATION_KEY, flatten
     from project.checkpoint import read_checkpoint
     from project.distributed import env_rank
 
-    saved, now = flatten(yaml.safe_load((run / "config.yaml").read_text())), flatten(dump())
+    now = flatten(dump())  # another machine continuing from object storage has no config.yaml: its own stands
+    saved = (
+        flatten(yaml.safe_load((run / "config.yaml").read_text())) if (run / "config.yaml").exists() else now
+    )
     changed = [k for k in sorted(saved | now) if saved.get(k) != now.get(k) and not LOCATION_KEY.search(k)]
     limit = lambda v: float("inf") if v in (None, -1) else v  # noqa: E731 - unset: no limit
     raised = [k for k in changed if k in LIMITS and limit(now.get(k)) > limit(saved.get(k))]
@@ -167,6 +183,18 @@ def continue_run(config, run: Path, ckpt: Path, dump) -> None:
     record_resume(run, ckpt, [arg for k in raised for arg in (f"--{k}", str(now[k]))])
 
 
+def flatten(node, prefix: str = "") -> dict:
+    """{"a": {"b": [1, {"c": 2}]}} -> {"a.b.0": 1, "a.b.1.c": 2}; empty dicts and lists stay values."""
+    if not node or not isinstance(node, dict | list):
+        return {prefix: node} if prefix else {}
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    return {
+        k: v
+        for key, value in items
+        for k, v in flatten(value, f"{prefix}.{key}" if prefix else str(key)).items()
+    }
+
+
 def remove_dead_attempt(run: Path) -> None:
     """The files of a run that died before its first checkpoint (config.yaml, no summary.json), so that none of
     them mixes into the new run (rank 0)."""
@@ -189,6 +217,7 @@ def record_resume(run: Path, ckpt_path: str, changes: list[str]) -> None:
             "ckpt_path": str(ckpt_path),
             "changes": changes,
         }
+        run.mkdir(parents=True, exist_ok=True)  # a machine continuing from object storage
         with open(run / "resumes.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 

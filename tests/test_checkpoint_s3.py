@@ -1,6 +1,8 @@
 """Checkpoints in object storage (moto's S3 server, tests/test_streaming.py's fixture): the run's checkpoint
-directory is s3://my-bucket/run/checkpoints, its logs stay local, and a run resumed with `--ckpt_path
-s3://.../last.ckpt` ends bit-identical to an undisturbed run."""
+directory is s3://my-bucket/run/checkpoints, its logs stay local, and the starting command re-run on a machine without the
+run's local directory continues from the bucket and ends bit-identical to an undisturbed run."""
+
+import shutil
 
 import pytest
 import torch
@@ -32,8 +34,10 @@ def test_checkpoints_in_s3_resume_bit_identical(s3, in_tmp, monkeypatch):  # noq
     assert run_cli("fit", *overlay, *FLAGS, "--run_dir", "runs/a", add("StopAfterEpoch", epoch=2)) == 99
     assert read_checkpoint(f"{URL}/last.ckpt")["epoch"] == 1
     assert not (in_tmp / "runs/a/checkpoints").exists()
-    resume = ("--run_dir", "runs/a", "--ckpt_path", f"{URL}/last.ckpt")
-    assert run_cli("fit", *overlay, *FLAGS, *resume) == 0
+    # Another machine (no local run directory) continues the run with the starting command, from the bucket.
+    shutil.rmtree(in_tmp / "runs/a")
+    assert run_cli("fit", *overlay, *FLAGS, "--run_dir", "runs/a") == 0
+    assert "s3://" in (in_tmp / "runs/a/resumes.jsonl").read_text()
     ours, ref = (
         read_checkpoint(f"{URL}/last.ckpt"),
         read_checkpoint(in_tmp / "runs/ref/checkpoints/last.ckpt"),

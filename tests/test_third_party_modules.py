@@ -96,6 +96,18 @@ def test_boring_model_trains_with_last_checkpoint_only_and_says_so_once(in_tmp, 
     assert (run / "report.png").is_file()
 
 
+@pytest.mark.claim("resume-same-data")
+def test_a_data_module_without_fingerprint_resumes_with_one_warning(in_tmp, capsys):
+    boring = ("fit", "--model", f"{DEMOS}.BoringModel", "--data", f"{DEMOS}.BoringDataModule", *SHORT)
+    assert run_cli(*boring) == 0
+    assert "fingerprint" not in capsys.readouterr().out
+    assert (
+        run_cli(*boring, "--trainer.max_epochs", "2") == 0
+    )  # the same command, one more epoch: it continues
+    out = capsys.readouterr().out
+    assert "Resuming" in out and out.count("BoringDataModule records no `fingerprint`") == 1, out
+
+
 def test_demo_model_without_validation_or_test_step_trains(in_tmp, capsys):
     code = run_cli("fit", "--model", f"{DEMOS}.DemoModel", "--data", f"{DEMOS}.BoringDataModule", *SHORT)
     out = capsys.readouterr().out

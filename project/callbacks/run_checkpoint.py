@@ -188,6 +188,13 @@ class RunCheckpoint(ModelCheckpoint):
         super().load_state_dict(state_dict)
         self.best_k_metrics, self._rng = dict(state_dict.get("best_k_metrics", {})), state_dict.get("rng")
 
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        data = trainer.datamodule  # the built-in modules check their own fingerprint in load_state_dict
+        if data is not None and "fingerprint" not in (checkpoint.get(type(data).__qualname__) or {}):
+            if env_rank() == 0:
+                print(f"warning: {type(data).__name__} records no `fingerprint` in its state_dict(): this resume "
+                      "cannot check that the data is the run's (docs/data.md).", flush=True)  # fmt: skip
+
     def on_exception(self, trainer, pl_module, exception) -> None:
         super().on_exception(trainer, pl_module, exception)
         self.teardown(trainer, pl_module, "fit")
