@@ -97,11 +97,9 @@ def test_resize_is_torchvisions_and_close_to_pils(photos):
 
 
 @pytest.mark.claim("normalize-one-function")
-def test_training_predict_and_export_normalise_alike(photos, tmp_path):
+def test_training_and_predict_normalise_alike(photos, tmp_path):
     """The model input of the same file is the same tensor, bit for bit, whether it comes through training's
-    loader + on_after_batch_transfer, predict's preprocessing, or export's real batches."""
-    from project.export import _real_batches
-
+    loader + on_after_batch_transfer or predict's preprocessing."""
     root = tmp_path / "folder"
     for split, count in (("train", 6), ("test", 2)):
         for c in ("a", "b"):
@@ -128,15 +126,6 @@ def test_training_predict_and_export_normalise_alike(photos, tmp_path):
     test_x, _ = dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)
     test_paths = [p for p, _ in dm.test_set.samples]
     assert torch.equal(test_x, predicted(test_paths))
-    # export's check batches: the run's data module rebuilt from its saved hyperparameters
-    hparams = {
-        "_class_path": "project.data.ImageClassificationDataModule",
-        **args,
-        "augment": "none",
-        "val_fraction": 0.25,
-    }
-    (exported,) = _real_batches(hparams, 1).values()
-    assert torch.equal(exported, test_x)
 
     # training with augmentation: uint8 pixels at the training size through the loader, normalised by the same
     # function per batch (augmented before that, on the device, in training only)
