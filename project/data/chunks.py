@@ -109,8 +109,8 @@ def rewrite_hint(meta: dict, input_dir: str) -> str:
     return f"python -m project prepare --source {meta['source']}{root} --output_dir {input_dir}{size} --overwrite true"
 
 
-def check_split(input_dir: str, split: str, meta: dict, storage_options: dict | None = None) -> int:
-    """Check a split before a run reads it; returns its chunk count. Its index.json lists prepare.json's sample
+def check_split(input_dir: str, split: str, meta: dict, storage_options: dict | None = None) -> None:
+    """Check a split before a run reads it: its index.json lists prepare.json's sample
     count; locally every chunk file it lists is there, with the size and header it lists (a few bytes read)."""
     split_dir = join(input_dir, split)
     index_path, fix = (
@@ -143,4 +143,3 @@ def check_split(input_dir: str, split: str, meta: dict, storage_options: dict | 
                 f"'{path}' is damaged: its size or header does not describe the {n} samples and {size} bytes "
                 f"that '{index_path}' lists (truncated or overwritten?). {fix}"
             )
-    return len(files)
