@@ -1,8 +1,8 @@
 """`python -m project doctor [--config X ...] [--data.init_args.root DIR ...]`: is this machine ready to train?
 
-Prints versions, the CUDA build, GPUs, distributed backends, CPUs and loader workers, the run
-directory and the configured data; then one `ok:` or `problem:` line per check, each problem with its fix. Exits 1
-when a problem would stop `make train`. The config is the one `fit` would run, read by the CLI's own parser.
+Prints versions, the CUDA build, GPUs, distributed backends, CPUs and loader workers, the run directory and the
+configured data (the config `fit` would run, read by the CLI's own parser); then one `ok:` or `problem:` line per
+check, each problem with its fix. Exits 1 when a problem would stop `make train`.
 """
 
 import os
@@ -42,12 +42,7 @@ def check_data(data: dict) -> tuple[str, str | None]:
     args, class_path = data.get("init_args") or {}, data.get("class_path", "ImageClassificationDataModule")
     source, root = args.get("source", "digits"), args.get("root")
     if not class_path.endswith("ImageClassificationDataModule"):  # parsing imported it and what it names
-        named = [
-            f"{k} {v['class_path']}" for k, v in args.items() if isinstance(v, dict) and "class_path" in v
-        ]
-        if callable(fn := args.get("collate_fn")):
-            named.append(f"collate_fn {fn.__module__}.{fn.__qualname__}")
-        return f"{class_path}{' (' * bool(named)}{', '.join(named)}{')' * bool(named)}: imported", None
+        return f"{class_path}: imported", None
     if source == "digits":
         return "digits: embedded (project/data/digits.csv.gz), no files needed", None
     if root is None:
@@ -95,9 +90,7 @@ def doctor(args: list[str]) -> int:
     init, class_path = data.get("init_args") or {}, data.get("class_path", "ImageClassificationDataModule")
     image_module = class_path.endswith("ImageClassificationDataModule")
     source = init.get("source", "digits") if image_module else class_path
-    with warnings.catch_warnings(
-        record=True
-    ) as caught:  # torch says why CUDA is unusable (driver too old, ...)
+    with warnings.catch_warnings(record=True) as caught:  # torch's why CUDA is unusable (driver too old, ...)
         warnings.simplefilter("always")
         cuda, built = torch.cuda.is_available(), torch.version.cuda
     gpus = torch.cuda.device_count() if cuda else 0

@@ -18,8 +18,7 @@ class FinetuneModule(ClassificationModule):
     model's last `nn.Linear` (the layer TorchvisionClassifier resizes), the rest is the backbone.
 
     Args:
-        model: a classifier whose last `nn.Linear` is the (new) head, e.g. project.models.TorchvisionClassifier.
-        num_classes: number of classes; linked from the data module by the CLI.
+        model, num_classes: as ClassificationModule's; the model's last `nn.Linear` is the (new) head.
         freeze_backbone: train only the head at first; BatchNorm statistics of the backbone stay frozen too.
         unfreeze_epoch: epoch from which the backbone trains as well; None keeps it frozen for the whole run.
             Under DDP, unfreezing mid-run is not supported (DDP registers trainable parameters at the start):

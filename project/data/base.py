@@ -1,8 +1,6 @@
-"""What every data module shares; they differ only in where their samples come from.
-
-Image batches arrive as pixels at the training size (uint8, or float in [0, 1]) from every path and are augmented
-(training only) and normalised here, a whole batch at a time on the training device.
-"""
+"""What every data module shares; they differ only in where their samples come from. Image batches arrive as
+pixels at the training size (uint8, or float in [0, 1]) and are augmented (training only) and normalised here, a
+whole batch at a time on the training device."""
 
 import hashlib
 import json
@@ -50,8 +48,7 @@ class ClassificationData(L.LightningDataModule):
         fn = self.trainer.state.fn if self.trainer is not None else None
         self.setup(fn.value if fn is not None else None)
 
-    def load(self) -> None:
-        """Set train_set, val_set and test_set."""
+    def load(self) -> None:  # sets train_set, val_set and test_set
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
@@ -88,8 +85,7 @@ class ClassificationData(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self.loader("test")
 
-    def describe_data(self) -> str:
-        """How errors name this module's data."""
+    def describe_data(self) -> str:  # how errors name this module's data
         return "the data"
 
     def state_dict(self) -> dict:

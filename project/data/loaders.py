@@ -72,8 +72,7 @@ class ResumableDataLoader(DataLoader):
     def __init__(
         self, dataset: Dataset, batch_size: int, seed: int = 0, sampler: Sampler | None = None, **kwargs: Any
     ) -> None:
-        kwargs.pop("shuffle", None)
-        kwargs.pop("drop_last", None)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("shuffle", "drop_last")}
         kwargs.setdefault("generator", torch.Generator())
         sampler = EpochShard(len(dataset), seed) if sampler is None else sampler
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kwargs)
@@ -98,10 +97,7 @@ class ResumableDataLoader(DataLoader):
         return state | dict(world_size=getattr(self.sampler, "num_replicas", 1), batch_size=self.batch_size)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        saved, now = (
-            (state["world_size"], state["batch_size"]),
-            (self.state_dict()["world_size"], self.batch_size),
-        )
+        saved, now = ((s["world_size"], s["batch_size"]) for s in (state, self.state_dict()))
         if saved != now:  # the epoch would be sliced or batched differently
             raise ValueError(
                 f"This checkpoint's loader ran with world_size={saved[0]} and batch_size={saved[1]}, now "

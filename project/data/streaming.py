@@ -1,7 +1,5 @@
-"""StreamingDataModule: training from the litdata chunks `python -m project prepare` wrote, local or in object
-storage. litdata shards, shuffles and (through StreamingDataLoader's state_dict) resumes inside an epoch; this
-module adds the checks and fixes below, each with its why.
-"""
+"""StreamingDataModule: the litdata chunks `python -m project prepare` wrote, local or in object storage. litdata
+shards, shuffles and resumes inside an epoch; this module adds the checks and fixes below."""
 
 import logging
 import os
@@ -90,7 +88,7 @@ class StreamingDataModule(ImageData):
         if stage in (None, "fit"):
             check_batch_size(self.meta["splits"]["train"], self.world_size(), self.hparams.batch_size)
         stages = {None: chunks.SPLITS, "fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
-        # a deleted, truncated or overwritten file is named here, before the run starts, not by a loader worker
+        # a deleted or damaged file is named here, before the run starts, not by a loader worker
         for split in [s for s in stages.get(stage, ()) if s not in self._checked]:
             chunks.check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
             self._checked.add(split)

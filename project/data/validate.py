@@ -1,5 +1,5 @@
-"""Checks on the data before training starts: a run that would crash an hour in (a corrupt JPEG in epoch 3, a
-label 10 with 10 classes) fails in its first seconds, with one paragraph naming what, where, and the fix."""
+"""Checks before training: a corrupt JPEG met in epoch 3, or a label 10 of 10 classes, fails in the first seconds,
+in one paragraph naming what, where and the fix."""
 
 from pathlib import Path
 

