@@ -12,8 +12,8 @@ import warnings
 from pathlib import Path
 
 
-class _Parsed(Exception):
-    """Carries the parsed config out of LightningCLI's constructor, before it builds anything."""
+class _Parsed(Exception):  # carries the parsed config out of LightningCLI's constructor, before it builds
+    pass
 
 
 def training_config(args: list[str]) -> dict:
@@ -42,7 +42,12 @@ def check_data(data: dict) -> tuple[str, str | None]:
     args, class_path = data.get("init_args") or {}, data.get("class_path", "ImageClassificationDataModule")
     source, root = args.get("source", "digits"), args.get("root")
     if not class_path.endswith("ImageClassificationDataModule"):  # parsing imported it and what it names
-        return f"{class_path}: imported", None
+        named = [
+            f"{k} {v['class_path']}" for k, v in args.items() if isinstance(v, dict) and "class_path" in v
+        ]
+        if callable(fn := args.get("collate_fn")):
+            named.append(f"collate_fn {fn.__module__}.{fn.__qualname__}")
+        return f"{class_path}{' (' * bool(named)}{', '.join(named)}{')' * bool(named)}: imported", None
     if source == "digits":
         return "digits: embedded (project/data/digits.csv.gz), no files needed", None
     if root is None:
@@ -78,7 +83,7 @@ def doctor(args: list[str]) -> int:
     from project.errors import ConfigError
     from project.run_dir import check_writable
 
-    stops, notes, oks = [], [], []  # problems that stop `make train`, ones that do not, passed checks
+    stops, oks = [], []  # problems that stop `make train`, passed checks
     try:
         config = training_config(args)
     except (ArgumentError, ConfigError) as err:
@@ -145,8 +150,8 @@ def doctor(args: list[str]) -> int:
         oks.insert(0, f"no CUDA GPU ({why}); training runs on the CPU (fine for the default digits run).")
     else:
         oks.insert(0, f"{gpus} CUDA GPU(s) usable.")
-    if gpus > 1 and not nccl:
-        notes.append("several GPUs but no NCCL: DDP would be slow or fail. fix: install torch with NCCL.")
+    notes = ["several GPUs but no NCCL: DDP would be slow or fail. fix: install torch with NCCL."]
+    notes = notes if gpus > 1 and not nccl else []
     verdict = f"{len(stops)} problem(s) would stop `make train`." if stops else "ready for `make train`."
     print(*(f"ok: {t}" for t in oks), *(f"problem (training still starts): {t}" for t in notes), sep="\n")
     print(*(f"problem: {t}" for t in stops), f"doctor: {verdict}", sep="\n")

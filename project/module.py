@@ -150,8 +150,7 @@ class ClassificationModule(L.LightningModule):
 
 
 def decay_split(params: list, decay: str, no_decay: str, **extra) -> list[dict]:
-    """Groups `decay` (weights) and `no_decay` (1-D: biases, norm scales, which decaying only hurts); a group
-    without `weight_decay` or `lr` takes the optimizer's."""
+    """Groups `decay` (weights) and `no_decay` (1-D: biases, norm scales, which decaying only hurts)."""
     return [
         {"name": decay, "params": [p for p in params if p.ndim > 1], **extra},
         {"name": no_decay, "params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0, **extra},

@@ -19,8 +19,7 @@ def attached_trainer(module: L.LightningModule) -> "L.Trainer | None":
 
 
 def configure(module: L.LightningModule, groups: list[dict], lr_scale: int = 1) -> dict:
-    """`module.optimizer` on `groups`, every lr times `lr_scale`, and `module.scheduler`, stepped every optimizer
-    step (ReduceLROnPlateau: every epoch, on the checkpoint's monitor)."""
+    """`module.optimizer` on `groups`, every lr times `lr_scale`, and `module.scheduler` (see ClassificationModule)."""
     trainer = attached_trainer(module)
     built = module.optimizer([dict(g) for g in groups])  # copies: it fills its defaults into them
     d, params = built.defaults, [p for g in built.param_groups for p in g["params"]]

@@ -131,10 +131,7 @@ def prepare(
                 keep_data_ordered=True,  # the same chunks for the same settings, run after run
                 reorder_files=False,
                 start_method="fork",  # the workers inherit the datasets: spawn would pickle and re-import them
-                verbose=True,  # litdata's progress bar
             )
-            if index_samples(split_dir) != n:
-                raise RuntimeError(f"{split_dir}: litdata wrote {index_samples(split_dir)} samples, not {n}.")
     meta.update(complete=True, mean=image.mean, std=image.std)
     chunks.write_json(meta_path, meta)
     print(f"{output_dir}: prepared ({counts}), input shape {tuple(image.input_shape)}.", file=sys.stderr)

@@ -60,16 +60,17 @@ def cache_dir(root: str | Path) -> Path:
     root = Path(root).resolve()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     digest = hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    for folder in (root / LOCAL_DIR, cache / "project" / "folder-index" / digest):
+    tmp = Path(tempfile.gettempdir(), f"project-folder-index-{digest}")
+    for folder in (root / LOCAL_DIR, cache / "project" / "folder-index" / digest, tmp):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=folder):
                 return folder
         except OSError:  # PermissionError, a read-only filesystem, ...
             continue
-    tmp = Path(tempfile.gettempdir(), f"project-folder-index-{digest}")
-    tmp.mkdir(exist_ok=True)
-    return tmp
+    raise ConfigError(
+        f"No writable folder for the index of '{root}': tried {root / LOCAL_DIR}, {cache} and {tmp}."
+    )
 
 
 def _scan(root: Path, split: str, classes: list[str]) -> tuple[list[str], list[int], list[int], list[int]]:

@@ -1,9 +1,6 @@
 """The DataLoaders of every map-style path: image files, tensors on the host, tensors on the training device.
-
 Exact mid-epoch resume: Lightning saves a training loader's `state_dict()` in every checkpoint and restores it
-before the resumed run's first batch; the resumed iterator skips the batches handed out. The ranks move in
-lockstep: rank 0's saved position is every rank's.
-"""
+before the resumed run's first batch, which skips the batches handed out (the ranks move in lockstep)."""
 
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -63,11 +60,9 @@ class EpochShard(DistributedSampler):
 
 
 class ResumableDataLoader(DataLoader):
-    """Shuffled training loader (drop_last) whose position is saved in and restored from checkpoints.
-
-    A sampler other than an EpochShard (Lightning's, for overfit_batches) cannot skip: a resumed epoch restarts.
-    Worker base seeds come from the loader's own generator, re-seeded per epoch, never from the global RNG.
-    """
+    """Shuffled training loader (drop_last) whose position is saved in and restored from checkpoints. Another
+    sampler than an EpochShard (Lightning's, for overfit_batches) cannot skip: a resumed epoch restarts. Worker
+    base seeds come from the loader's own generator, re-seeded per epoch, never from the global RNG."""
 
     def __init__(
         self, dataset: Dataset, batch_size: int, seed: int = 0, sampler: Sampler | None = None, **kwargs: Any

@@ -1,5 +1,5 @@
-"""Train/val/test splits for every data module and `prepare`: a pure function of the labels and `split_seed` (its
-own generator, never the global RNG), so a split never moves with the training seed."""
+"""Train/val/test splits for every data module and `prepare`: a function of the labels and `split_seed` only (its
+own generator), so a split never moves with the training seed."""
 
 import math
 from collections.abc import Sequence

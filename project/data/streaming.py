@@ -9,7 +9,7 @@ from litdata import StreamingDataLoader, StreamingDataset
 
 from project.data import chunks
 from project.data.augment import Recipe, recipe_for
-from project.data.base import ImageData, fingerprint
+from project.data.base import ImageData
 from project.data.loaders import loader_args
 from project.data.validate import check_batch_size
 from project.rng import run_seed
@@ -79,8 +79,7 @@ class StreamingDataModule(ImageData):
         self.meta = meta = chunks.read_metadata(self.input_dir, storage_options)
         self.class_names, self.input_shape = list(meta["class_names"]), tuple(meta["input_shape"])
         self.mean, self.std = list(meta["mean"]), list(meta["std"])
-        # prepare records the image module's fingerprint; a dataset prepared without one: its description
-        self.split_fingerprint = meta.get("fingerprint") or fingerprint(meta)
+        self.split_fingerprint = meta["fingerprint"]  # the image module's, which prepare records
         self.recipe = recipe_for(augment, meta["source"])
         self._checked: set[str] = set()
 

@@ -42,8 +42,6 @@ def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
 
 def check_batch_size(n_train: int, world_size: int, batch_size: int) -> None:
     """Every process needs at least one full training batch (the training loaders drop the last partial one)."""
-    if batch_size < 1:
-        raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}.")
     if n_train // world_size < batch_size:
         per_process = f" ({n_train // world_size} per process)" if world_size > 1 else ""
         raise ConfigError(
