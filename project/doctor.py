@@ -88,9 +88,7 @@ def doctor(args: list[str]) -> int:
         config = training_config(args)
     except (ArgumentError, ConfigError) as err:
         config, first = {}, (str(err).strip().splitlines() or [type(err).__name__])[0]
-        stops.append(
-            f"`make train` would refuse these arguments ({first}). fix: see `make train ARGS=--help`."
-        )
+        stops.append(f"`make train` would refuse these arguments ({first}). fix: `make train ARGS=--help`.")
     trainer, data = config.get("trainer") or {}, config.get("data") or {}
     init, class_path = data.get("init_args") or {}, data.get("class_path", "ImageClassificationDataModule")
     image_module = class_path.endswith("ImageClassificationDataModule")
@@ -143,7 +141,7 @@ def doctor(args: list[str]) -> int:
 
     if (accel := str(trainer.get("accelerator", "auto"))) in ("gpu", "cuda") and not cuda:
         stops.append(
-            f"trainer.accelerator is '{accel}' but no CUDA GPU is usable. fix: --trainer.accelerator auto."
+            f"accelerator '{accel}' needs a CUDA GPU; none is usable. fix: --trainer.accelerator auto."
         )
     elif not cuda:
         why = "CPU-only torch" if not built else caught and str(caught[0].message).strip() or "no GPU visible"

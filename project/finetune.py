@@ -6,11 +6,10 @@ Here every parameter is in the optimizer from the start (frozen ones get no grad
 unfreezing flips `requires_grad`."""
 
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm  # BatchNorm1d/2d/3d, SyncBatchNorm
 
 from project.errors import ConfigError
 from project.module import ClassificationModule, decay_split
-
-BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 class FinetuneModule(ClassificationModule):
@@ -59,7 +58,7 @@ class FinetuneModule(ClassificationModule):
     def train(self, mode: bool = True):
         super().train(mode)
         for m in self.model.modules():  # frozen: normalise with, and do not update, the running statistics
-            if mode and self.backbone_frozen and isinstance(m, BATCH_NORMS):
+            if mode and self.backbone_frozen and isinstance(m, _BatchNorm):
                 m.eval()
         return self
 

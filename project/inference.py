@@ -90,9 +90,7 @@ def load_model(checkpoint: dict, path: str | os.PathLike = "checkpoint", allow=(
     """The trained nn.Module (the LightningModule's `model`) in eval mode, on the CPU, built without Lightning."""
     model = instantiate(_module_hparams(checkpoint, path, allow)["model"], allow)
     try:
-        model.load_state_dict(
-            {k[6:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
-        )
+        model.load_state_dict({k[6:]: v for k, v in checkpoint["state_dict"].items() if k[:6] == "model."})
     except RuntimeError as err:
         raise ConfigError(
             f"'{path}': the weights do not fit the model its hyperparameters describe "

@@ -68,9 +68,7 @@ def predict(
     if skipped:
         print(f"Skipped {len(skipped)} file(s), not readable images:", *skipped, sep="\n", file=sys.stderr)
     if not rows:
-        raise ConfigError(
-            f"No readable image under '{input}'; nothing was predicted. Point INPUT at image files."
-        )
+        raise ConfigError(f"No readable image under '{input}': nothing predicted. Point INPUT at images.")
     return out
 
 

@@ -6,11 +6,12 @@ import hashlib
 import json
 
 import lightning as L
+import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.augment import augment_training_batch
-from project.data.normalize import Normalize
+from project.data.normalize import normalize
 from project.data.validate import check_batch_size
 from project.errors import ConfigError
 from project.rng import run_seed
@@ -114,7 +115,7 @@ class ImageData(ClassificationData):
     mean: list[float] | None = None  # the training split's per-channel statistics (normalize.py)
     std: list[float] | None = None
     recipe: str = "none"  # the training augmentation (augment.py)
-    _normalize: Normalize | None = None
+    _stats: list[Tensor] | None = None  # mean and std as (C, 1, 1) tensors on the batches' device
 
     @property
     def in_channels(self) -> int:
@@ -127,9 +128,9 @@ class ImageData(ClassificationData):
             # A function of (seed, epoch, batch index in the epoch, rank) only: the same after a resume.
             b, epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.current_epoch
             x = augment_training_batch(x, self.recipe, run_seed(), epoch, b, trainer.global_rank)
-        if self._normalize is None:
-            self._normalize = Normalize(self.mean, self.std)
-        return self._normalize(x), y.long()
+        if self._stats is None or self._stats[0].device != x.device:
+            self._stats = [torch.tensor(v, device=x.device).view(-1, 1, 1) for v in (self.mean, self.std)]
+        return normalize(x, *self._stats), y.long()
 
     def state_dict(self) -> dict:
         # What predict and export need to know: the classes and the preprocessing.

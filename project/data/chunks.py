@@ -103,21 +103,15 @@ def read_metadata(input_dir: str, storage_options: dict | None = None) -> dict:
 
 
 def check_split(input_dir: str, split: str, meta: dict, storage_options: dict | None = None) -> None:
-    """Check a split before a run reads it: its index.json lists prepare.json's sample
-    count; locally every chunk file it lists is there, with the size and header it lists (a few bytes read)."""
+    """Check a split before a run reads it: its index.json lists prepare.json's sample count; locally every chunk
+    file it lists is there, with the size and header it lists (a few bytes read)."""
     split_dir, index_path = join(input_dir, split), join(input_dir, split, "index.json")
     root = f" --root {meta['root']}" if meta.get("root") else ""
     size = f" --image_size {meta['image_size']}" if meta.get("image_size") else ""
     fix = f"Write the dataset again: python -m project prepare --source {meta['source']}{root} --output_dir {input_dir}{size} --overwrite true"
-    try:
-        index = read_json(index_path, storage_options)
-        files = index and [
-            (c["filename"], int(c["chunk_size"]), int(c["chunk_bytes"])) for c in index["chunks"]
-        ]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"'{index_path}' is not a litdata index ({err!r}). {fix}") from err
-    if index is None:
+    if (index := read_json(index_path, storage_options)) is None:
         raise ConfigError(f"'{index_path}' is missing: the {split} split cannot be read. {fix}")
+    files = [(c["filename"], int(c["chunk_size"]), int(c["chunk_bytes"])) for c in index["chunks"]]
     listed = sum(n for _, n, _ in files)
     if listed != meta["splits"][split]:
         raise ConfigError(

@@ -68,9 +68,7 @@ def cache_dir(root: str | Path) -> Path:
                 return folder
         except OSError:  # PermissionError, a read-only filesystem, ...
             continue
-    raise ConfigError(
-        f"No writable folder for the index of '{root}': tried {root / LOCAL_DIR}, {cache} and {tmp}."
-    )
+    raise ConfigError(f"No writable folder for the ImageFolder index of '{root}'.")
 
 
 def _scan(root: Path, split: str, classes: list[str]) -> tuple[list[str], list[int], list[int], list[int]]:

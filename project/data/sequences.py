@@ -30,7 +30,7 @@ class DigitPixelSequences(Dataset):
             self.sequences.append(torch.cat([grid[ink], image[ink, None]], dim=1))  # (steps, 3) float32
         if min(len(s) for s in self.sequences) == 0:
             raise ValueError(
-                f"min_intensity={min_intensity} leaves a digit without pixels; choose a value below 1 such as 0.25."
+                f"min_intensity={min_intensity} leaves a digit without pixels: choose less than 1."
             )
         self.targets: list[int] = labels.tolist()
 

@@ -94,8 +94,7 @@ class StreamingDataModule(ImageData):
 
     def loader(self, split: str) -> EpochLoader:
         hp, train = self.hparams, split == "train"
-        if chunks.is_remote(self.input_dir):
-            chunks.allow_plain_http(hp.storage_options)
+        chunks.allow_plain_http(hp.storage_options)  # for an s3:// input_dir; harmless for a local one
         dataset = StreamingDataset(
             chunks.join(self.input_dir, split),
             shuffle=train and hp.shuffle,
