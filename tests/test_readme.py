@@ -606,7 +606,7 @@ def test_predict(launched):
     assert result.returncode == 0, result
     run = launched.tools_run
     assert f"Predicted 3 image(s) -> runs/{run.name}/predictions.csv" in result.lines(), result
-    assert "Skipped 1 file(s) that are not readable images:" in result.stderr and "notes.txt" in result.stderr
+    assert "Skipped 1 file(s), not readable images:" in result.stderr and "notes.txt" in result.stderr
     rows = list(csv.reader((run / "predictions.csv").open()))
     assert rows[0] == ["path", "class", "probability", "top3"]
     assert sorted(Path(r[0]).name for r in rows[1:]) == ["0.png", "1.png", "2.png"], rows
