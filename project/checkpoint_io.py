@@ -1,9 +1,9 @@
-"""AtomicCheckpointIO, the Trainer plugin that writes every checkpoint (trainer.plugins in configs/default.yaml).
+"""AtomicCheckpointIO, the Trainer plugin that writes every checkpoint (configs/default.yaml's trainer.plugins).
 
 Lightning's TorchCheckpointIO stages the file in the system's temp folder and moves it: an unsynced copy when that
-folder is another filesystem (tmpfs /tmp, cluster scratch), so a kill tears last.ckpt. A file of its own so that
-project/checkpoint.py, which predict and export import, stays free of Lightning. A checkpoint directory that is a
-URL (s3://bucket/run/checkpoints) gets each file in one upload: a key appears only whole."""
+folder is another filesystem (tmpfs /tmp, cluster scratch), so a kill tears last.ckpt. A URL (s3://...) gets each
+file in one upload: a key appears only whole. Not in checkpoint.py, which predict and export import without
+Lightning."""
 
 import errno
 import io
@@ -30,10 +30,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_write(path, "wb") as f:
                 torch.save(checkpoint, f)
-        except (
-            OSError,
-            RuntimeError,
-        ) as err:  # torch's zip writer turns a full disk's OSError into a RuntimeError
+        # torch's zip writer turns a full disk's OSError into a RuntimeError
+        except (OSError, RuntimeError) as err:
             cause = find_in_chain(err, OSError)
             if cause is None or cause.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
                 raise

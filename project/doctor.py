@@ -1,21 +1,19 @@
 """`python -m project doctor [--config X ...] [--data.init_args.root DIR ...]`: is this machine ready to train?
 
-Prints versions, the CUDA build against the driver, GPUs, distributed backends, CPUs and loader workers, the run
-directory and the configured data; then one `ok:` or `problem:` line per check, each problem with its fix. Exits 1
-when a problem would stop `make train`. The config is the one `fit` would run, read by the CLI's own parser.
+Prints versions, the CUDA build, GPUs, distributed backends, CPUs and loader workers, the run directory and the
+configured data (the config `fit` would run, read by the CLI's own parser); then one `ok:` or `problem:` line per
+check, each problem with its fix. Exits 1 when a problem would stop `make train`.
 """
 
 import os
 import platform
-import re
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 
-class _Parsed(Exception):
-    """Carries the parsed config out of LightningCLI's constructor, before it builds anything."""
+class _Parsed(Exception):  # carries the parsed config out of LightningCLI's constructor, before it builds
+    pass
 
 
 def training_config(args: list[str]) -> dict:
@@ -35,15 +33,6 @@ def training_config(args: list[str]) -> dict:
     except _Parsed as parsed:
         return parsed.args[0].fit.as_dict()
     raise AssertionError("ProjectCLI returned without parsing its arguments")
-
-
-def _driver() -> list[str | None]:
-    """[driver version, highest CUDA version it supports] from nvidia-smi; None where not found."""
-    try:
-        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):  # no nvidia-smi: no driver
-        out = ""
-    return [(m := re.search(rf"{k} Version:\s*([\d.]+)", out)) and m[1] for k in ("Driver", "CUDA")]
 
 
 def check_data(data: dict) -> tuple[str, str | None]:
@@ -89,32 +78,30 @@ def doctor(args: list[str]) -> int:
     import torch.distributed as dist
     import torchmetrics
     from jsonargparse import ArgumentError
-    from packaging.version import Version
 
     from project.data.loaders import default_num_workers
     from project.errors import ConfigError
     from project.run_dir import check_writable
 
-    stops, notes, oks = [], [], []  # problems that stop `make train`, ones that do not, passed checks
+    stops, oks = [], []  # problems that stop `make train`, passed checks
     try:
         config = training_config(args)
     except (ArgumentError, ConfigError) as err:
         config, first = {}, (str(err).strip().splitlines() or [type(err).__name__])[0]
-        stops.append(
-            f"`make train` would refuse these arguments ({first}). fix: see `make train ARGS=--help`."
-        )
+        stops.append(f"`make train` would refuse these arguments ({first}). fix: `make train ARGS=--help`.")
     trainer, data = config.get("trainer") or {}, config.get("data") or {}
     init, class_path = data.get("init_args") or {}, data.get("class_path", "ImageClassificationDataModule")
     image_module = class_path.endswith("ImageClassificationDataModule")
     source = init.get("source", "digits") if image_module else class_path
-    (driver, driver_cuda), cuda, built = _driver(), torch.cuda.is_available(), torch.version.cuda
+    with warnings.catch_warnings(record=True) as caught:  # torch's why CUDA is unusable (driver too old, ...)
+        warnings.simplefilter("always")
+        cuda, built = torch.cuda.is_available(), torch.version.cuda
     gpus = torch.cuda.device_count() if cuda else 0
     nccl, gloo = (dist.is_available() and ok() for ok in (dist.is_nccl_available, dist.is_gloo_available))
     facts = {
         "python": f"{platform.python_version()} ({sys.executable})",
         "torch": f"{torch.__version__}   lightning {lightning.__version__}   torchmetrics {torchmetrics.__version__}",
         "CUDA build": built or "no (CPU-only torch)",
-        "CUDA driver": f"{driver or 'none found (no nvidia-smi)'}{f', supports CUDA <= {driver_cuda}' * bool(driver_cuda)}",
         "cuda.is_available ": cuda,
     }
     for i, p in enumerate(map(torch.cuda.get_device_properties, range(gpus))):
@@ -152,21 +139,17 @@ def doctor(args: list[str]) -> int:
             oks.append(f"data module {source} and the classes it names import.")
     print(*(f"{key:<13} {value}" for key, value in facts.items()), "", sep="\n")
 
-    if built and driver_cuda and Version(driver_cuda) < Version(built):
-        notes.append(
-            f"the driver supports CUDA {driver_cuda}, torch was built for {built}. fix: update the driver."
-        )
     if (accel := str(trainer.get("accelerator", "auto"))) in ("gpu", "cuda") and not cuda:
         stops.append(
-            f"trainer.accelerator is '{accel}' but no CUDA GPU is usable. fix: --trainer.accelerator auto."
+            f"accelerator '{accel}' needs a CUDA GPU; none is usable. fix: --trainer.accelerator auto."
         )
     elif not cuda:
-        why = "CPU-only torch" if not built else "no NVIDIA driver" if driver is None else "no GPU visible"
+        why = "CPU-only torch" if not built else caught and str(caught[0].message).strip() or "no GPU visible"
         oks.insert(0, f"no CUDA GPU ({why}); training runs on the CPU (fine for the default digits run).")
     else:
         oks.insert(0, f"{gpus} CUDA GPU(s) usable.")
-    if gpus > 1 and not nccl:
-        notes.append("several GPUs but no NCCL: DDP would be slow or fail. fix: install torch with NCCL.")
+    notes = ["several GPUs but no NCCL: DDP would be slow or fail. fix: install torch with NCCL."]
+    notes = notes if gpus > 1 and not nccl else []
     verdict = f"{len(stops)} problem(s) would stop `make train`." if stops else "ready for `make train`."
     print(*(f"ok: {t}" for t in oks), *(f"problem (training still starts): {t}" for t in notes), sep="\n")
     print(*(f"problem: {t}" for t in stops), f"doctor: {verdict}", sep="\n")

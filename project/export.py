@@ -32,8 +32,7 @@ def export(
         allow_class: classes or module prefixes (my_models.TinyMLP, my_models; a list: '[a, b]') the checkpoint may
             name besides project, torchvision.models, torch.nn and torch.optim: their code runs, trust it.
     """
-    checkpoint = read_checkpoint(ckpt_path)
-    prep = preprocessing_of(checkpoint, ckpt_path)
+    prep = preprocessing_of(checkpoint := read_checkpoint(ckpt_path), ckpt_path)
     model = load_model(checkpoint, ckpt_path, allow_class)
     out = Path(out_dir) if out_dir else (checkpoint_run(ckpt_path) or Path(".")) / "export"
     gen = torch.Generator().manual_seed(0)
@@ -83,8 +82,6 @@ def _check(name: str, run, model: nn.Module, inputs: dict[str, Tensor]) -> None:
 
 
 def main(args: list[str]) -> None:
-    from jsonargparse import ArgumentParser
+    from jsonargparse import auto_cli
 
-    parser = ArgumentParser(prog="python -m project export", description=export.__doc__.splitlines()[0])
-    parser.add_function_arguments(export, as_group=False)
-    export(**parser.parse_args(args).as_dict())
+    auto_cli(export, args=args, prog="python -m project export", as_positional=False)

@@ -6,11 +6,10 @@ Here every parameter is in the optimizer from the start (frozen ones get no grad
 unfreezing flips `requires_grad`."""
 
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm  # BatchNorm1d/2d/3d, SyncBatchNorm
 
 from project.errors import ConfigError
 from project.module import ClassificationModule, decay_split
-
-BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 class FinetuneModule(ClassificationModule):
@@ -18,8 +17,7 @@ class FinetuneModule(ClassificationModule):
     model's last `nn.Linear` (the layer TorchvisionClassifier resizes), the rest is the backbone.
 
     Args:
-        model: a classifier whose last `nn.Linear` is the (new) head, e.g. project.models.TorchvisionClassifier.
-        num_classes: number of classes; linked from the data module by the CLI.
+        model, num_classes: as ClassificationModule's; the model's last `nn.Linear` is the (new) head.
         freeze_backbone: train only the head at first; BatchNorm statistics of the backbone stay frozen too.
         unfreeze_epoch: epoch from which the backbone trains as well; None keeps it frozen for the whole run.
             Under DDP, unfreezing mid-run is not supported (DDP registers trainable parameters at the start):
@@ -60,7 +58,7 @@ class FinetuneModule(ClassificationModule):
     def train(self, mode: bool = True):
         super().train(mode)
         for m in self.model.modules():  # frozen: normalise with, and do not update, the running statistics
-            if mode and self.backbone_frozen and isinstance(m, BATCH_NORMS):
+            if mode and self.backbone_frozen and isinstance(m, _BatchNorm):
                 m.eval()
         return self
 

@@ -1,8 +1,6 @@
 """A trained checkpoint, ready for inference: the model in eval mode plus the preprocessing saved at training.
-
-Shared by predict and export, which must start fast: nothing here imports Lightning, torchmetrics, matplotlib or
-torchvision (torchvision comes in only for a torchvision model).
-"""
+Shared by predict and export, which must start fast: no Lightning, torchmetrics or torchvision (but for a
+torchvision model)."""
 
 import copy
 import os
@@ -52,12 +50,10 @@ def preprocessing_of(checkpoint: dict, path: str | os.PathLike = "checkpoint") -
     state = checkpoint[key] if key else {}
     if state.get("dataset") and state.get("mean") is None:
         raise ConfigError(
-            f"'{path}' was trained on {state['dataset']} (a DatasetDataModule), not on images: `predict` and "
-            "`export` take checkpoints of image classifiers only, as they turn image files into the model's input. "
-            "To evaluate it on its test split: python -m project test --config <the config you trained with, e.g. "
-            f"configs/sequence.yaml> --ckpt_path {path}. On your own inputs, in Python: module = project.inference."
-            "build_model(project.checkpoint.read_checkpoint(p), p), then module(inputs) with inputs as your "
-            'collate_fn makes them (README "Any Dataset").'
+            f"'{path}' was trained on {state['dataset']} (a DatasetDataModule): `predict` and `export` take "
+            "checkpoints of image classifiers only. Evaluate it: python -m project test --config <the config you "
+            f"trained with, e.g. configs/sequence.yaml> --ckpt_path {path}; in Python: module = project.inference."
+            "build_model(project.checkpoint.read_checkpoint(p), p), then module(inputs)."
         )
     if gaps := contract_gaps(state):
         data = (checkpoint.get("datamodule_hyper_parameters") or {}).get("_class_path") or key
@@ -94,9 +90,7 @@ def load_model(checkpoint: dict, path: str | os.PathLike = "checkpoint", allow=(
     """The trained nn.Module (the LightningModule's `model`) in eval mode, on the CPU, built without Lightning."""
     model = instantiate(_module_hparams(checkpoint, path, allow)["model"], allow)
     try:
-        model.load_state_dict(
-            {k[6:]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
-        )
+        model.load_state_dict({k[6:]: v for k, v in checkpoint["state_dict"].items() if k[:6] == "model."})
     except RuntimeError as err:
         raise ConfigError(
             f"'{path}': the weights do not fit the model its hyperparameters describe "

@@ -65,9 +65,8 @@ class ClassificationModule(L.LightningModule):
         self.val_metrics = MetricCollection(accuracy, prefix="val/", compute_groups=False)
         self.test_metrics = self.val_metrics.clone(prefix="test/")
         self.val_loss, self.test_loss, self.val_acc_best = MeanMetric(), MeanMetric(), MaxMetric()
-        # Training loss and accuracy: summed on the device each step (a torchmetrics update per step costs many
-        # times more), folded into these metrics at the epoch's end, where Lightning syncs them. A plain tensor,
-        # not a buffer (DDP would broadcast it every forward); counts as Python ints (no host sync).
+        # Training loss and accuracy: summed on the device each step (cheaper than a torchmetrics update), folded
+        # into these metrics at the epoch's end; a plain tensor (a buffer DDP would broadcast), Python int counts.
         self.train_loss, self.train_acc = MeanMetric(nan_strategy="disable"), MeanMetric()
         self._train = {"sums": None, "steps": 0, "samples": 0}
 
@@ -78,10 +77,10 @@ class ClassificationModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         # Labels checked once by the data module (data/validate.py) spare torchmetrics' per-batch check.
-        datamodule = getattr(optim.attached_trainer(self), "datamodule", None)
+        checked = getattr(getattr(optim.attached_trainer(self), "datamodule", None), "labels_checked", False)
         for metric in self.modules():
             if isinstance(metric, MulticlassAccuracy):
-                metric.validate_args = getattr(datamodule, "labels_checked", False) is not True
+                metric.validate_args = checked is not True
 
     def _shared_step(self, batch: tuple[Inputs, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         x, y = batch
@@ -122,7 +121,7 @@ class ClassificationModule(L.LightningModule):
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
 
     def test_step(self, batch: tuple[Inputs, Tensor], batch_idx: int) -> Tensor:
-        """Return the float32 logits: RunReport reads them as on_test_batch_end's `outputs`."""
+        # the float32 logits: RunReport reads them as on_test_batch_end's `outputs`
         return self._evaluate(batch, self.test_loss, self.test_metrics)
 
     def on_test_epoch_end(self) -> None:
@@ -134,8 +133,7 @@ class ClassificationModule(L.LightningModule):
         metrics.update(logits, y)
         return logits
 
-    def param_groups(self) -> list[dict]:
-        """`decay` and `no_decay` groups, named for LearningRateMonitor's `lr-<Optimizer>/<name>`."""
+    def param_groups(self) -> list[dict]:  # named for LearningRateMonitor's `lr-<Optimizer>/<name>`
         return decay_split([p for p in self.model.parameters() if p.requires_grad], "decay", "no_decay")
 
     def configure_optimizers(self) -> dict:
@@ -152,8 +150,7 @@ class ClassificationModule(L.LightningModule):
 
 
 def decay_split(params: list, decay: str, no_decay: str, **extra) -> list[dict]:
-    """Groups `decay` (weights) and `no_decay` (1-D: biases, norm scales, which decaying only hurts); a group
-    without `weight_decay` or `lr` takes the optimizer's."""
+    """Groups `decay` (weights) and `no_decay` (1-D: biases, norm scales, which decaying only hurts)."""
     return [
         {"name": decay, "params": [p for p in params if p.ndim > 1], **extra},
         {"name": no_decay, "params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0, **extra},

@@ -19,8 +19,7 @@ def attached_trainer(module: L.LightningModule) -> "L.Trainer | None":
 
 
 def configure(module: L.LightningModule, groups: list[dict], lr_scale: int = 1) -> dict:
-    """`module.optimizer` on `groups`, every lr times `lr_scale`, and `module.scheduler`, stepped every optimizer
-    step (ReduceLROnPlateau: every epoch, on the checkpoint's monitor)."""
+    """`module.optimizer` on `groups`, every lr times `lr_scale`, and `module.scheduler` (see ClassificationModule)."""
     trainer = attached_trainer(module)
     built = module.optimizer([dict(g) for g in groups])  # copies: it fills its defaults into them
     d, params = built.defaults, [p for g in built.param_groups for p in g["params"]]
@@ -61,9 +60,8 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
 class WarmupCosine(LambdaLR):
     """Linear warmup, then a half cosine down to `min_lr_ratio` x each group's peak lr (its lr when built).
 
-    Its length is set in `on_train_start` (`start_schedules`), not when built: Lightning builds schedulers before
-    a resume restores the loader, and `estimated_stepping_batches` there would lose the restored position
-    (github.com/Lightning-AI/pytorch-lightning/issues/20550).
+    Its length is set in `on_train_start` (`start_schedules`): Lightning builds schedulers before a resume restores
+    the loader, where `estimated_stepping_batches` would lose the restored position (Lightning issue 20550).
 
     Args:
         optimizer: the optimizer whose groups it schedules (LightningCLI passes it: `LRSchedulerCallable`).

@@ -1,7 +1,5 @@
-"""`python -m project predict --ckpt_path X --input <image or folder>`: class predictions as a CSV.
-
-Not LightningCLI's `predict`, which needs a config, a Trainer and a predict dataloader: all it reads comes from
-the checkpoint, and neither Lightning nor torchvision is imported."""
+"""`python -m project predict --ckpt_path X --input <image or folder>`: class predictions as a CSV. Not
+LightningCLI's `predict` (a config, a Trainer, a predict dataloader): all it reads is in the checkpoint."""
 
 import csv
 import sys
@@ -42,8 +40,7 @@ def predict(
     if not source.exists():
         raise ConfigError(f"--input '{input}' does not exist. Pass an image file or a folder (INPUT=...).")
     files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
-    checkpoint = read_checkpoint(ckpt_path)
-    prep = preprocessing_of(checkpoint, ckpt_path)
+    prep = preprocessing_of(checkpoint := read_checkpoint(ckpt_path), ckpt_path)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     model = load_model(checkpoint, ckpt_path, allow_class).to(device)
     k = max(1, min(top_k, len(prep.class_names)))
@@ -71,15 +68,11 @@ def predict(
     if skipped:
         print(f"Skipped {len(skipped)} file(s), not readable images:", *skipped, sep="\n", file=sys.stderr)
     if not rows:
-        raise ConfigError(
-            f"No readable image under '{input}'; nothing was predicted. Point INPUT at image files."
-        )
+        raise ConfigError(f"No readable image under '{input}': nothing predicted. Point INPUT at images.")
     return out
 
 
 def main(args: list[str]) -> None:
-    from jsonargparse import ArgumentParser
+    from jsonargparse import auto_cli
 
-    parser = ArgumentParser(prog="python -m project predict", description=predict.__doc__.splitlines()[0])
-    parser.add_function_arguments(predict, as_group=False)
-    predict(**parser.parse_args(args).as_dict())
+    auto_cli(predict, args=args, prog="python -m project predict", as_positional=False)

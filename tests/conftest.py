@@ -426,3 +426,22 @@ def _locked(path: Path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def torchvision_resize(x, size):
+    """torchvision v2's antialiased resize of a uint8 image as the reference for project.data.normalize.resize.
+    torchvision takes torch's uint8 kernel (the one the project always runs) only on AVX2, AVX512 and ARM CPUs;
+    elsewhere (ATEN_CPU_CAPABILITY=default) it goes through float32 and rounds, a different function: there the
+    reference is the kernel itself."""
+    import platform
+
+    import torch
+    import torch.nn.functional as F
+    from torchvision.transforms.v2 import functional as F2
+
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in (
+        "aarch64",
+        "arm64",
+    ):
+        return F2.resize(x, list(size), antialias=True)
+    return F.interpolate(x[None].contiguous(), size=list(size), mode="bilinear", antialias=True)[0]

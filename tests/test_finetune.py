@@ -19,10 +19,13 @@ from tests.conftest import CONFIGS, QUIET, run_cli
 NAME = "shufflenet_v2_x0_5"  # 1.4 M parameters, with BatchNorm and an `fc` head
 
 
-@pytest.fixture(scope="module")
-def weights_file(tmp_path_factory):
-    """Random "pretrained" weights in a local file, as on an offline machine."""
-    path = tmp_path_factory.mktemp("weights") / f"{NAME}.pth"
+@pytest.fixture
+def weights_file(tmp_path, monkeypatch):
+    """Random "pretrained" DEFAULT weights in torchvision's cache (TORCH_HOME), as on an offline machine."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    url = torchvision.models.get_model_weights(NAME).DEFAULT.url
+    path = tmp_path / "torch/hub/checkpoints" / url.rsplit("/", 1)[1]
+    path.parent.mkdir(parents=True)
     torch.manual_seed(0)
     torch.save(torchvision.models.get_model(NAME, num_classes=1000).state_dict(), path)
     return path
@@ -40,7 +43,7 @@ class Snapshot(Callback):
 
 def test_frozen_backbone_unchanged_head_trained_then_unfrozen(weights_file, tmp_path):
     data = ImageClassificationDataModule(batch_size=16)
-    model = TorchvisionClassifier(NAME, num_classes=10, weights=str(weights_file), in_channels=1)
+    model = TorchvisionClassifier(NAME, num_classes=10, weights="DEFAULT", in_channels=1)
     module = FinetuneModule(
         model,
         num_classes=10,
@@ -89,8 +92,6 @@ def test_finetune_config(weights_file, in_tmp):
         CONFIGS / "finetune.yaml",
         "--model.init_args.model.init_args.name",
         NAME,
-        "--model.init_args.model.init_args.weights",
-        weights_file,
         "--trainer.max_epochs",
         "1",
         "--trainer.limit_train_batches",

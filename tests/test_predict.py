@@ -3,7 +3,6 @@ skipped and listed; weights read with weights_only=True."""
 
 import csv
 import json
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from project.checkpoint import read_checkpoint
 from project.data import ImageClassificationDataModule
 from project.data.digits import load_digits_tensors
 from project.inference import Preprocessing, build_model, preprocessing_of
-from tests.conftest import run_cli
+from tests.conftest import run_cli, torchvision_resize
 from tests.test_export import trapped_checkpoint
 from tests.trained_run import trained_run
 
@@ -110,19 +109,6 @@ def test_preprocessing_gives_the_training_eval_tensors(run_dir):
     for i in range(len(images)):
         assert torch.equal(prep.tensor(images[i]), evaluated[i]), i
 
-    # torchvision resizes uint8 with torch's uint8 kernel, the one training's resize always runs, only on AVX2,
-    # AVX512 and ARM CPUs; elsewhere (ATEN_CPU_CAPABILITY=default) it goes through float32 and rounds, a
-    # different function: there the reference is the kernel itself, called as training calls it.
-    tv_kernel = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in (
-        "aarch64",
-        "arm64",
-    )
-
-    def resize(x, size):
-        if tv_kernel:
-            return F2.resize(x, size, antialias=True)
-        return F.interpolate(x[None].contiguous(), size=size, mode="bilinear", antialias=True)[0]
-
     pixels = (images[:8, 0].numpy() * 255).round().astype(np.uint8)
     grey, rgb = prep, Preprocessing(prep.class_names, prep.mean * 3, prep.std * 3, (3, *prep.input_shape[1:]))
     for p, mode in ((grey, "L"), (rgb, "RGB")):
@@ -130,7 +116,9 @@ def test_preprocessing_gives_the_training_eval_tensors(run_dir):
         norm = v2.Normalize(p.mean, p.std)
 
         def training(im, size=size, norm=norm):
-            return norm(F2.to_dtype(resize(F2.pil_to_tensor(im), size), torch.float32, scale=True))
+            return norm(
+                F2.to_dtype(torchvision_resize(F2.pil_to_tensor(im), size), torch.float32, scale=True)
+            )
 
         for factor in (1, 2, 3, 4):  # 8x8 as saved, and larger files resized back to 8x8
             for x in pixels:

@@ -100,7 +100,7 @@ COMMANDS = {
     'make train ARGS="--config mine.yaml"': "test_own_model",
     IMAGEFOLDER: "test_imagefolder",
     CIFAR10: "test_cifar10_download_needs_network",
-    "make train CONFIG=configs/autoencoder.yaml": "not run here: tests/test_any_module.py types it as shown (3 "
+    'make train ARGS="--model lightning.pytorch.demos.BoringModel --data lightning.pytorch.demos.BoringDataModule"': "not run here: tests/test_any_module.py types it as shown (3 "
     "epochs) in a fresh checkout and asserts on its run",
     "make train CONFIG=configs/sequence.yaml": "not run here: tests/test_any_dataset.py types it as shown (3 epochs) "
     "in a fresh checkout (sequence_run) and asserts on its run",
@@ -156,8 +156,8 @@ COMMANDS = {
     "here: no database server; tests/test_sweep.py runs a worker on a journal storage",
     "sbatch --array=0-7 scripts/sweep_slurm.sbatch --storage postgresql://user:password@db-host/optuna": "not run "
     "here: no SLURM, no database; tests/test_sweep.py runs the script as array task 3 with a journal storage",
-    FINETUNE: "not run here: resnet18 at 224 pixels from a local .pth costs more than any other command (README "
-    '"Tests"); tests/test_finetune.py runs configs/finetune.yaml with local weights in-process',
+    FINETUNE: "not run here: resnet18 at 224 pixels costs more than any other command (README "
+    '"Tests"); tests/test_finetune.py runs configs/finetune.yaml with cached weights in-process',
     "make train INSTALL=0": "not run here: tests/test_gpu_check.py runs `make -n train INSTALL=0` (the check, then "
     "the same fit as test_make_train) and the check itself against this environment",
     "scripts/gpu_check.sh --prepare": "not run here: it downloads from a package registry; tests/test_gpu_check.py "

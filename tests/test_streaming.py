@@ -450,31 +450,6 @@ def test_damaged_split_is_one_paragraph_and_no_run_dir(digits, damage, in_tmp, c
     assert f"--output_dir {data} --overwrite true" in err, err
 
 
-@pytest.mark.claim("stream-bad-chunks")
-@pytest.mark.parametrize(
-    "workers", [0, 1]
-)  # read here, or in a loader worker (its error comes as a RuntimeError)
-def test_chunk_deleted_during_the_run_is_named(digits, tmp_path, workers):
-    """A chunk file deleted after the run checked it: the loader's error says the file is missing and what to do,
-    not litdata's "hung or crashed download" (nothing is downloaded from a local directory)."""
-    import shutil
-
-    from project.data import StreamingDataModule
-
-    data = tmp_path / "digits-stream"
-    shutil.copytree(digits, data)
-    dm = StreamingDataModule(str(data), batch_size=32, num_workers=workers)
-    dm.setup("fit")  # the check passes
-    loader = dm.train_dataloader()
-    for chunk in data.glob("train/chunk-*.bin"):
-        chunk.unlink()
-    with pytest.raises(ConfigError) as raised:
-        next(iter(loader))
-    text = str(raised.value)
-    assert "is missing: the chunk file was deleted or moved" in text and "--overwrite true" in text, text
-    assert "download" not in text.split("(")[0], text
-
-
 def test_data_layer_does_not_import_prepare():
     """prepare is a command on top of project/data (the format is project/data/chunks.py): no module of the data
     layer imports it."""
@@ -488,19 +463,6 @@ def test_data_layer_does_not_import_prepare():
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
             assert not any(n == "project.prepare" or n.startswith("project.prepare.") for n in names), path
-
-
-@pytest.mark.claim("stream-shards-change-per-epoch")
-def test_few_chunks_warn_with_the_fix(tmp_path):
-    """A training split written as fewer chunk files (prepared before the default changed, or with --min_chunks
-    2): the data module warns that its shards barely change and names the command that writes it again."""
-    from project.data import StreamingDataModule
-    from tests.conftest import run_cli
-
-    out = tmp_path / "digits-stream"
-    assert run_cli("prepare", "--source", "digits", "--output_dir", out, "--min_chunks", "2") == 0
-    with pytest.warns(UserWarning, match=r"fewer than 32: .* same share.* --overwrite true"):
-        StreamingDataModule(str(out)).setup("fit")
 
 
 @pytest.mark.claim("stream-resume-epoch-end")

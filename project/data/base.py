@@ -1,18 +1,17 @@
-"""What every data module shares; they differ only in where their samples come from.
-
-Image batches arrive as pixels at the training size (uint8, or float in [0, 1]) from every path and are augmented
-(training only) and normalised here, a whole batch at a time on the training device.
-"""
+"""What every data module shares; they differ only in where their samples come from. Image batches arrive as
+pixels at the training size (uint8, or float in [0, 1]) and are augmented (training only) and normalised here, a
+whole batch at a time on the training device."""
 
 import hashlib
 import json
 
 import lightning as L
+import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.augment import augment_training_batch
-from project.data.normalize import Normalize
+from project.data.normalize import normalize
 from project.data.validate import check_batch_size
 from project.errors import ConfigError
 from project.rng import run_seed
@@ -50,8 +49,7 @@ class ClassificationData(L.LightningDataModule):
         fn = self.trainer.state.fn if self.trainer is not None else None
         self.setup(fn.value if fn is not None else None)
 
-    def load(self) -> None:
-        """Set train_set, val_set and test_set."""
+    def load(self) -> None:  # sets train_set, val_set and test_set
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
@@ -88,8 +86,7 @@ class ClassificationData(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self.loader("test")
 
-    def describe_data(self) -> str:
-        """How errors name this module's data."""
+    def describe_data(self) -> str:  # how errors name this module's data
         return "the data"
 
     def state_dict(self) -> dict:
@@ -118,7 +115,7 @@ class ImageData(ClassificationData):
     mean: list[float] | None = None  # the training split's per-channel statistics (normalize.py)
     std: list[float] | None = None
     recipe: str = "none"  # the training augmentation (augment.py)
-    _normalize: Normalize | None = None
+    _stats: list[Tensor] | None = None  # mean and std as (C, 1, 1) tensors on the batches' device
 
     @property
     def in_channels(self) -> int:
@@ -131,9 +128,9 @@ class ImageData(ClassificationData):
             # A function of (seed, epoch, batch index in the epoch, rank) only: the same after a resume.
             b, epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.current_epoch
             x = augment_training_batch(x, self.recipe, run_seed(), epoch, b, trainer.global_rank)
-        if self._normalize is None:
-            self._normalize = Normalize(self.mean, self.std)
-        return self._normalize(x), y.long()
+        if self._stats is None or self._stats[0].device != x.device:
+            self._stats = [torch.tensor(v, device=x.device).view(-1, 1, 1) for v in (self.mean, self.std)]
+        return normalize(x, *self._stats), y.long()
 
     def state_dict(self) -> dict:
         # What predict and export need to know: the classes and the preprocessing.

@@ -17,8 +17,8 @@ from project.errors import ConfigError
 
 SPLITS = ("train", "val", "test")
 METADATA = "prepare.json"
-# litdata shuffles and shards a training split chunk by chunk: with few chunks a rank reads nearly the same share
-# every epoch and the same tail is dropped; 32 give new shares and whole chunks to 8 ranks x 4 workers.
+# prepare's default chunk count: litdata shuffles and shards chunk by chunk, so with few chunks a rank reads nearly
+# the same share every epoch; 32 give new shares and whole chunks to 8 ranks x 4 workers.
 MIN_CHUNKS = 32
 
 
@@ -102,30 +102,16 @@ def read_metadata(input_dir: str, storage_options: dict | None = None) -> dict:
     return meta
 
 
-def rewrite_hint(meta: dict, input_dir: str) -> str:
-    """The prepare command that writes `input_dir` again with the settings it was written with."""
+def check_split(input_dir: str, split: str, meta: dict, storage_options: dict | None = None) -> None:
+    """Check a split before a run reads it: its index.json lists prepare.json's sample count; locally every chunk
+    file it lists is there, with the size and header it lists (a few bytes read)."""
+    split_dir, index_path = join(input_dir, split), join(input_dir, split, "index.json")
     root = f" --root {meta['root']}" if meta.get("root") else ""
     size = f" --image_size {meta['image_size']}" if meta.get("image_size") else ""
-    return f"python -m project prepare --source {meta['source']}{root} --output_dir {input_dir}{size} --overwrite true"
-
-
-def check_split(input_dir: str, split: str, meta: dict, storage_options: dict | None = None) -> int:
-    """Check a split before a run reads it; returns its chunk count. Its index.json lists prepare.json's sample
-    count; locally every chunk file it lists is there, with the size and header it lists (a few bytes read)."""
-    split_dir = join(input_dir, split)
-    index_path, fix = (
-        join(split_dir, "index.json"),
-        f"Write the dataset again: {rewrite_hint(meta, input_dir)}",
-    )
-    try:
-        index = read_json(index_path, storage_options)
-        files = index and [
-            (c["filename"], int(c["chunk_size"]), int(c["chunk_bytes"])) for c in index["chunks"]
-        ]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"'{index_path}' is not a litdata index ({err!r}). {fix}") from err
-    if index is None:
+    fix = f"Write the dataset again: python -m project prepare --source {meta['source']}{root} --output_dir {input_dir}{size} --overwrite true"
+    if (index := read_json(index_path, storage_options)) is None:
         raise ConfigError(f"'{index_path}' is missing: the {split} split cannot be read. {fix}")
+    files = [(c["filename"], int(c["chunk_size"]), int(c["chunk_bytes"])) for c in index["chunks"]]
     listed = sum(n for _, n, _ in files)
     if listed != meta["splits"][split]:
         raise ConfigError(
@@ -143,4 +129,3 @@ def check_split(input_dir: str, split: str, meta: dict, storage_options: dict | 
                 f"'{path}' is damaged: its size or header does not describe the {n} samples and {size} bytes "
                 f"that '{index_path}' lists (truncated or overwritten?). {fix}"
             )
-    return len(files)

@@ -1,8 +1,5 @@
-"""ImageClassificationDataModule: the embedded digits, an ImageFolder, or torchvision's dataset files.
-
-It decides only where the samples come from and where they are held (files read by loader workers, or tensors);
-splits, statistics, resizing, augmentation, normalisation and loaders are the functions every path shares.
-"""
+"""ImageClassificationDataModule: the embedded digits, an ImageFolder, or torchvision's dataset files. It decides
+only where the samples come from and are held (files read by loader workers, or tensors); the rest is shared."""
 
 import functools
 import os
@@ -83,8 +80,9 @@ class ImageClassificationDataModule(ImageData):
         if self.hparams.source == "imagefolder":
             return self._load_image_folder()
         hp = self.hparams
-        images, labels = digits.load_digits_tensors() if hp.source == "digits" else self._torchvision(True)
-        given = {} if hp.source == "digits" else {"test": self._torchvision(False)}
+        tv = lambda train: torchvision_datasets.load_split(hp.source, hp.root, train, hp.download)  # noqa: E731
+        images, labels = digits.load_digits_tensors() if hp.source == "digits" else tv(True)
+        given = {} if hp.source == "digits" else {"test": tv(False)}
         for name, (_, y) in {"training": (images, labels), **given}.items():  # fail here, not at a bad batch
             check_labels(y, self.num_classes, f"The {hp.source} {name} data")
         parts = carve(labels, len(labels), self.fractions(set(given)), hp.split_seed)
@@ -95,10 +93,6 @@ class ImageClassificationDataModule(ImageData):
         self.mean, self.std = tensor_stats(self.tensors["train"][0])  # the training split only
         self.train_set, self.val_set, self.test_set = (TensorImages(*self.tensors[n]) for n in SPLITS)
         self.split_fingerprint = fingerprint([hp.source, parts, sorted(given)])
-
-    def _torchvision(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        hp = self.hparams
-        return torchvision_datasets.load_split(hp.source, hp.root, train, hp.download)
 
     def _load_image_folder(self) -> None:
         hp = self.hparams
@@ -112,12 +106,8 @@ class ImageClassificationDataModule(ImageData):
         def stats(train_files: list[tuple[str, int]]) -> tuple[list[float], list[float]]:
             return train_stats(lambda i: pixels(train_files[i][0]), carved(train_files)["train"])
 
-        index = folder_index.index_folder(
-            hp.root,
-            self.class_names,
-            stats=stats,
-            stats_key=f"train_stats v2 size={self.input_shape[1:]} limit={STATS_LIMIT} carve={fractions} seed={hp.split_seed}",
-        )
+        key = f"train_stats v2 size={self.input_shape[1:]} limit={STATS_LIMIT} carve={fractions} seed={hp.split_seed}"
+        index = folder_index.index_folder(hp.root, self.class_names, stats, key)
         for name, samples in index.samples.items():  # unreadable files fail before training, train first
             fail_unreadable(index.unreadable[name], len(samples), os.path.join(hp.root, name))
         self.mean, self.std = index.mean, index.std
@@ -125,7 +115,7 @@ class ImageClassificationDataModule(ImageData):
         files = {name: index.samples[name] for name in given}
         files.update({name: [train_files[i] for i in idx] for name, idx in carved(train_files).items()})
         self.train_set, self.val_set, self.test_set = (
-            image_folder.ImageFiles(files[name], pixels) for name in SPLITS
+            image_folder.ImageFiles(files[n], pixels) for n in SPLITS
         )
         # the files relative to root: the same folder moved elsewhere is the same data
         self.split_fingerprint = fingerprint(

@@ -107,10 +107,9 @@ def _refuse_pil_images(sample: Any, dataset: Dataset, name: str) -> None:
     if any(type(part).__module__.startswith("PIL.") for part in parts):
         raise ConfigError(
             f"The {name} dataset {_qualified_name(dataset)} yields PIL images, which torch's default collate cannot "
-            f"batch. Give the dataset a transform that makes tensors: in the config, under data.init_args.{name}."
-            "init_args, transform: {class_path: torchvision.transforms.ToTensor} (several: torchvision.transforms."
-            f"Compose); as a flag, --data.init_args.{name}.init_args.transform torchvision.transforms.ToTensor. Or "
-            "give a collate_fn that batches PIL images (data.init_args.collate_fn)."
+            f"batch. Give it a transform: --data.init_args.{name}.init_args.transform torchvision.transforms.ToTensor "
+            f"(in the config, under data.init_args.{name}.init_args: transform: {{class_path: torchvision.transforms."
+            "ToTensor}), or a collate_fn that batches PIL images."
         )
 
 
@@ -135,8 +134,6 @@ def _class_names(dataset: Dataset, num_classes: int | None) -> list[str]:
             "`num_classes` attribute: set --data.init_args.num_classes N (data.init_args.num_classes in the "
             "config), or give the dataset a `classes` list."
         )
-    if int(count) < 2:
-        raise ConfigError(f"data.num_classes must be at least 2, got {count}.")
     return [str(i) for i in range(int(count))]
 
 

@@ -1,10 +1,7 @@
-"""The embedded default: 1,797 real 8x8 grey images of handwritten digits, 10 classes. No download.
-
-`digits.csv.gz` next to this file is the UCI "Optical Recognition of Handwritten Digits" test set
-(E. Alpaydin, C. Kaynak, 1998; CC BY 4.0, https://doi.org/10.24432/C50P49), byte for byte the copy scikit-learn
-ships as `load_digits()`: one image per row, 64 pixel counts 0..16 then the label. Read here, not through
-scikit-learn, to keep scikit-learn and SciPy out of the install and out of every start-up.
-"""
+"""The embedded default: 1,797 real 8x8 grey images of handwritten digits, 10 classes. `digits.csv.gz` is the UCI
+"Optical Recognition of Handwritten Digits" test set (E. Alpaydin, C. Kaynak, 1998; CC BY 4.0,
+https://doi.org/10.24432/C50P49) as scikit-learn ships it (`load_digits()`), read without scikit-learn and SciPy:
+one image per row, 64 pixel counts 0..16 then the label."""
 
 import gzip
 from pathlib import Path

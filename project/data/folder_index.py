@@ -1,8 +1,7 @@
-"""Index and check an ImageFolder once; later starts re-check only the files that changed (make's rule: size and
-mtime_ns). The listing is torchvision's `make_dataset` plus one stat per file; the manifest keeps them, why each
-unreadable file is, and the training statistics. One process builds it under a file lock (Lightning's prepare_data
-barrier does not cover several nodes or runs sharing a folder); one that finds it fresh reads it without the lock.
-"""
+"""Index and check an ImageFolder once; later starts re-check only the files whose size or mtime_ns changed. The
+manifest keeps torchvision's `make_dataset` listing with one stat per file, each unreadable file's reason and the
+training statistics. Built under a file lock (Lightning's prepare_data barrier does not cover several nodes or runs
+sharing a folder); a fresh one is read without it."""
 
 import hashlib
 import json
@@ -61,16 +60,15 @@ def cache_dir(root: str | Path) -> Path:
     root = Path(root).resolve()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     digest = hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    for folder in (root / LOCAL_DIR, cache / "project" / "folder-index" / digest):
+    tmp = Path(tempfile.gettempdir(), f"project-folder-index-{digest}")
+    for folder in (root / LOCAL_DIR, cache / "project" / "folder-index" / digest, tmp):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=folder):
                 return folder
         except OSError:  # PermissionError, a read-only filesystem, ...
             continue
-    tmp = Path(tempfile.gettempdir(), f"project-folder-index-{digest}")
-    tmp.mkdir(exist_ok=True)
-    return tmp
+    raise ConfigError(f"No writable folder for the ImageFolder index of '{root}'.")
 
 
 def _scan(root: Path, split: str, classes: list[str]) -> tuple[list[str], list[int], list[int], list[int]]:
@@ -143,8 +141,7 @@ def _build(root: Path, scan: dict, old: dict, stats: Callable | None, stats_key:
 def _read(path: Path) -> dict:
     """The manifest, or {} when it is absent, unreadable or of another version."""
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return manifest if isinstance(manifest, dict) and manifest.get("version") == VERSION else {}

@@ -57,8 +57,7 @@ def load_image(path: str | Path) -> Tensor:
         return pil_to_tensor(im.convert("RGB"))
 
 
-def load_image_at(path: str | Path, size: tuple[int, int] | None) -> Tensor:
-    """An image file as every path serves it: at the training size."""
+def load_image_at(path: str | Path, size: tuple[int, int] | None) -> Tensor:  # at the training size
     return resize(load_image(path), size)
 
 

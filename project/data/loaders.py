@@ -1,9 +1,6 @@
 """The DataLoaders of every map-style path: image files, tensors on the host, tensors on the training device.
-
 Exact mid-epoch resume: Lightning saves a training loader's `state_dict()` in every checkpoint and restores it
-before the resumed run's first batch; the resumed iterator skips the batches handed out. The ranks move in
-lockstep: rank 0's saved position is every rank's.
-"""
+before the resumed run's first batch, which skips the batches handed out (the ranks move in lockstep)."""
 
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -63,17 +60,14 @@ class EpochShard(DistributedSampler):
 
 
 class ResumableDataLoader(DataLoader):
-    """Shuffled training loader (drop_last) whose position is saved in and restored from checkpoints.
-
-    A sampler other than an EpochShard (Lightning's, for overfit_batches) cannot skip: a resumed epoch restarts.
-    Worker base seeds come from the loader's own generator, re-seeded per epoch, never from the global RNG.
-    """
+    """Shuffled training loader (drop_last) whose position is saved in and restored from checkpoints. Another
+    sampler than an EpochShard (Lightning's, for overfit_batches) cannot skip: a resumed epoch restarts. Worker
+    base seeds come from the loader's own generator, re-seeded per epoch, never from the global RNG."""
 
     def __init__(
         self, dataset: Dataset, batch_size: int, seed: int = 0, sampler: Sampler | None = None, **kwargs: Any
     ) -> None:
-        kwargs.pop("shuffle", None)
-        kwargs.pop("drop_last", None)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("shuffle", "drop_last")}
         kwargs.setdefault("generator", torch.Generator())
         sampler = EpochShard(len(dataset), seed) if sampler is None else sampler
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **kwargs)
@@ -98,10 +92,7 @@ class ResumableDataLoader(DataLoader):
         return state | dict(world_size=getattr(self.sampler, "num_replicas", 1), batch_size=self.batch_size)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        saved, now = (
-            (state["world_size"], state["batch_size"]),
-            (self.state_dict()["world_size"], self.batch_size),
-        )
+        saved, now = ((s["world_size"], s["batch_size"]) for s in (state, self.state_dict()))
         if saved != now:  # the epoch would be sliced or batched differently
             raise ValueError(
                 f"This checkpoint's loader ran with world_size={saved[0]} and batch_size={saved[1]}, now "

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.nn import functional as F
 
 STATS_LIMIT = 4096  # statistics from at most this many evenly spaced training images: settled, and quick
@@ -52,17 +52,3 @@ def train_stats(pixels: Callable[[int], Tensor], train: Sequence[int]) -> tuple[
 
 def tensor_stats(images: Tensor) -> tuple[list[float], list[float]]:
     return train_stats(images.__getitem__, range(len(images)))
-
-
-class Normalize(nn.Module):
-    """`normalize` with the per-channel statistics as buffers (they follow `.to(device)`)."""
-
-    def __init__(self, mean: list[float], std: list[float]) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(-1, 1, 1), persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.mean.device != x.device:
-            self.to(x.device)
-        return normalize(x, self.mean, self.std)

@@ -10,9 +10,8 @@ from project.data import digits
 
 
 class DigitPixelSequences(Dataset):
-    """Each 8x8 digit as the sequence of its ink pixels in reading order, one (row, column, intensity) step per
-    pixel, each in [0, 1]: 16 to 42 steps. `classes`, `targets` and `in_channels` are optional attributes that
-    DatasetDataModule and the CLI read.
+    """Each 8x8 digit as its ink pixels in reading order, one (row, column, intensity) step each, in [0, 1]: 16 to
+    42 steps. DatasetDataModule and the CLI read the optional `classes`, `targets` and `in_channels`.
 
     Args:
         min_intensity: keep the pixels brighter than this (in [0, 1]; 0 keeps every pixel with ink).
@@ -31,7 +30,7 @@ class DigitPixelSequences(Dataset):
             self.sequences.append(torch.cat([grid[ink], image[ink, None]], dim=1))  # (steps, 3) float32
         if min(len(s) for s in self.sequences) == 0:
             raise ValueError(
-                f"min_intensity={min_intensity} leaves a digit without pixels; choose a value below 1 such as 0.25."
+                f"min_intensity={min_intensity} leaves a digit without pixels: choose less than 1."
             )
         self.targets: list[int] = labels.tolist()
 

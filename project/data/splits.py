@@ -1,8 +1,8 @@
-"""Train/val/test splits for every data module and `prepare`: a pure function of the labels and `split_seed` (its
-own generator, never the global RNG), so a split never moves with the training seed."""
+"""Train/val/test splits for every data module and `prepare`: a function of the labels and `split_seed` only (its
+own generator), so a split never moves with the training seed."""
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -49,23 +49,19 @@ def _partition(n: int, held: list[int]) -> tuple[list[int], list[int]]:
 
 
 def carve(
-    labels: Sequence[int] | Tensor | None,
-    n: int,
-    fractions: dict[str, float],
-    seed: int,
-    flag: Callable[[str], str] = lambda name: f"--data.init_args.{name}_fraction",
+    labels: Sequence[int] | Tensor | None, n: int, fractions: dict[str, float], seed: int
 ) -> dict[str, list[int]]:
     """{"train": indices, <name>: indices} of a pool of n samples for each split in `fractions` (test first);
-    stratified by `labels`, or a seeded random split without. `flag` names the setting in errors."""
+    stratified by `labels`, or a seeded random split without."""
     index = list(range(n))
     out: dict[str, list[int]] = {}
     for name in (name for name in ("test", "val") if name in fractions):  # test from all, val from the rest
-        fraction = fractions[name]
+        fraction, flag = fractions[name], f"--data.init_args.{name}_fraction"
         if not 0 < fraction < 1:
             empty = " (1 or more leaves the train split empty)" if fraction >= 1 else ""
             raise ConfigError(
-                f"There is no {name} split and {flag(name)} is {fraction}: the {name} split is carved from the "
-                f"training data, so it needs a share in (0, 1){empty}. Pass {flag(name)} 0.1, or give a {name} "
+                f"There is no {name} split and {flag} is {fraction}: the {name} split is carved from the "
+                f"training data, so it needs a share in (0, 1){empty}. Pass {flag} 0.1, or give a {name} "
                 "split."
             )
         if labels is None:  # a seeded random split
@@ -76,8 +72,8 @@ def carve(
                 keep, held = stratified_split([int(labels[i]) for i in index], fraction, seed)
             except ValueError as err:
                 raise ConfigError(
-                    f"Cannot hold out a stratified {name} split ({flag(name)} {fraction}) from {len(index)} "
-                    f"samples: {err} Change {flag(name)}, give a {name} split, or add data."
+                    f"Cannot hold out a stratified {name} split ({flag} {fraction}) from {len(index)} "
+                    f"samples: {err} Change {flag}, give a {name} split, or add data."
                 ) from err
         index, out[name] = [index[i] for i in keep], [index[i] for i in held]
     out["train"] = index

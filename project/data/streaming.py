@@ -1,22 +1,17 @@
-"""StreamingDataModule: training from the litdata chunks `python -m project prepare` wrote, local or in object
-storage. litdata shards, shuffles and (through StreamingDataLoader's state_dict) resumes inside an epoch; this
-module adds the checks and fixes below, each with its why.
-"""
+"""StreamingDataModule: the litdata chunks `python -m project prepare` wrote, local or in object storage. litdata
+shards, shuffles and resumes inside an epoch; this module adds the checks and fixes below."""
 
 import logging
 import os
-import re
 import warnings
 
-from lightning.pytorch.utilities import rank_zero_warn
 from litdata import StreamingDataLoader, StreamingDataset
 
 from project.data import chunks
 from project.data.augment import Recipe, recipe_for
-from project.data.base import ImageData, fingerprint
+from project.data.base import ImageData
 from project.data.loaders import loader_args
 from project.data.validate import check_batch_size
-from project.errors import ConfigError
 from project.rng import run_seed
 
 # Evaluation turns drop_last off under DDP, which litdata warns "may lead to training interruptions": it would in
@@ -30,9 +25,9 @@ class EpochLoader(StreamingDataLoader):
     litdata 0.2.76 clears its `restore` flag only when its generator runs to the end, which Lightning never lets
     it do (the epoch after a mid-epoch resume would replay the restored state)."""
 
-    def __init__(self, dataset: StreamingDataset, epoch, fix: str, **kwargs) -> None:
+    def __init__(self, dataset: StreamingDataset, epoch, **kwargs) -> None:
         super().__init__(dataset, **kwargs)
-        self.epoch, self.fix, self.resumed = epoch, fix, False
+        self.epoch, self.resumed = epoch, False
 
     def load_state_dict(self, obj: dict) -> None:
         super().load_state_dict(obj)
@@ -43,18 +38,7 @@ class EpochLoader(StreamingDataLoader):
         self.restore, self.resumed = self.restore and self.resumed, False
         if not self.restore and self.epoch is not None:
             self.current_epoch = self.epoch()  # litdata adds 1 (it counts epochs from 1)
-        try:
-            yield from super().__iter__()
-        except Exception as err:
-            # litdata waits for a chunk file that is not on disk as for a download, then blames "a hung or
-            # crashed download" (from a worker: as a RuntimeError's text). A local split downloads nothing.
-            found = re.search(r"waiting for chunk (\S+?)\.? ", str(err))
-            if found is None or self.dataset.input_dir.url or os.path.exists(found.group(1)):
-                raise
-            raise ConfigError(
-                f"'{found.group(1)}' is missing: the chunk file was deleted or moved while this run was reading "
-                f"'{self.dataset.input_dir.path}'. {self.fix} Then resume the run with --ckpt_path last."
-            ) from err
+        yield from super().__iter__()
 
 
 class StreamingDataModule(ImageData):
@@ -66,7 +50,6 @@ class StreamingDataModule(ImageData):
         num_workers: loader worker processes per device; None picks one from the CPU and process count.
         augment: the training augmentation (augment.py); unset: the prepared source's.
         shuffle: shuffle the training split (a new order each epoch); False reads it in stored order.
-        image_size: the size the data was prepared at (None accepts it); another size is an error.
         pin_memory: pin host memory for faster copies to the GPU; None: when CUDA is available.
         cache_dir: where chunks of a remote input_dir are cached (litdata's default when None).
         max_cache_size: cache budget on disk, e.g. "50GB" (None: litdata's default).
@@ -81,7 +64,6 @@ class StreamingDataModule(ImageData):
         num_workers: int | None = None,
         augment: Recipe | None = None,
         shuffle: bool = True,
-        image_size: int | None = None,
         pin_memory: bool | None = None,
         cache_dir: str | None = None,
         max_cache_size: str | None = None,
@@ -96,15 +78,8 @@ class StreamingDataModule(ImageData):
         self.input_dir = input_dir if chunks.is_remote(input_dir) else os.path.abspath(input_dir)
         self.meta = meta = chunks.read_metadata(self.input_dir, storage_options)
         self.class_names, self.input_shape = list(meta["class_names"]), tuple(meta["input_shape"])
-        if image_size is not None and self.input_shape[1:] != (image_size, image_size):
-            raise ConfigError(
-                f"'{input_dir}' was prepared at {self.input_shape[1]}x{self.input_shape[2]} pixels, not "
-                f"data.image_size={image_size}. Prepare it at that size (python -m project prepare ... "
-                f"--image_size {image_size} --output_dir <new dir>) or leave data.image_size unset."
-            )
         self.mean, self.std = list(meta["mean"]), list(meta["std"])
-        # prepare records the image module's fingerprint; a dataset prepared without one: its description
-        self.split_fingerprint = meta.get("fingerprint") or fingerprint(meta)
+        self.split_fingerprint = meta["fingerprint"]  # the image module's, which prepare records
         self.recipe = recipe_for(augment, meta["source"])
         self._checked: set[str] = set()
 
@@ -112,21 +87,14 @@ class StreamingDataModule(ImageData):
         if stage in (None, "fit"):
             check_batch_size(self.meta["splits"]["train"], self.world_size(), self.hparams.batch_size)
         stages = {None: chunks.SPLITS, "fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
-        # a deleted, truncated or overwritten file is named here, before the run starts, not by a loader worker
+        # a deleted or damaged file is named here, before the run starts, not by a loader worker
         for split in [s for s in stages.get(stage, ()) if s not in self._checked]:
-            count = chunks.check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
+            chunks.check_split(self.input_dir, split, self.meta, self.hparams.storage_options)
             self._checked.add(split)
-            if split == "train" and count < min(least := chunks.MIN_CHUNKS, self.meta["splits"]["train"]):
-                rank_zero_warn(
-                    f"'{self.input_dir}/{split}' is stored as {count} chunk files, fewer than {least}: litdata "
-                    "shuffles and shards it chunk by chunk, so every epoch each process reads nearly the same share "
-                    f"and the same samples are left out. Write it again: {chunks.rewrite_hint(self.meta, self.input_dir)}."
-                )
 
     def loader(self, split: str) -> EpochLoader:
         hp, train = self.hparams, split == "train"
-        if chunks.is_remote(self.input_dir):
-            chunks.allow_plain_http(hp.storage_options)
+        chunks.allow_plain_http(hp.storage_options)  # for an s3:// input_dir; harmless for a local one
         dataset = StreamingDataset(
             chunks.join(self.input_dir, split),
             shuffle=train and hp.shuffle,
@@ -142,8 +110,7 @@ class StreamingDataModule(ImageData):
         # a resume had just restored (dropout masks).
         args = loader_args(self.trainer, hp.batch_size, hp.num_workers, hp.pin_memory, reads_files=True)
         epoch = (lambda: self.trainer.current_epoch) if train and self.trainer is not None else None
-        fix = f"Write the dataset again: {chunks.rewrite_hint(self.meta, self.input_dir)}."
-        return EpochLoader(dataset, epoch, fix, drop_last=train, **args)
+        return EpochLoader(dataset, epoch, drop_last=train, **args)
 
     def describe_data(self) -> str:
         return f"'{self.input_dir}'"

@@ -1,5 +1,5 @@
-"""Checks on the data before training starts: a run that would crash an hour in (a corrupt JPEG in epoch 3, a
-label 10 with 10 classes) fails in its first seconds, with one paragraph naming what, where, and the fix."""
+"""Checks before training: a corrupt JPEG met in epoch 3, or a label 10 of 10 classes, fails in the first seconds,
+in one paragraph naming what, where and the fix."""
 
 from pathlib import Path
 
@@ -42,8 +42,6 @@ def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
 
 def check_batch_size(n_train: int, world_size: int, batch_size: int) -> None:
     """Every process needs at least one full training batch (the training loaders drop the last partial one)."""
-    if batch_size < 1:
-        raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}.")
     if n_train // world_size < batch_size:
         per_process = f" ({n_train // world_size} per process)" if world_size > 1 else ""
         raise ConfigError(

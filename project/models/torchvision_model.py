@@ -14,8 +14,8 @@ class TorchvisionClassifier(nn.Module):
     Args:
         name: the builder's name in `torchvision.models` (`torchvision.models.list_models()` lists them).
         num_classes: size of the new head; linked from the data module by the CLI.
-        weights: None for random init, a torchvision weights name (`DEFAULT`, `IMAGENET1K_V1`) loaded from
-            torchvision's cache, or the path of a local `.pth` state dict.
+        weights: None for random init, or a torchvision weights name (`DEFAULT`, `IMAGENET1K_V1`), loaded from
+            torchvision's cache (downloaded into it when online).
         in_channels: image channels; 1-channel images are repeated to 3 when the model expects 3.
     """
 
@@ -23,45 +23,21 @@ class TorchvisionClassifier(nn.Module):
         super().__init__()
         import torchvision
 
-        if name not in torchvision.models.list_models(module=torchvision.models):
-            raise ConfigError(
-                f"Unknown torchvision model '{name}'. Pick one of torchvision.models.list_models(), "
-                "for example resnet18, and set it with --model.init_args.model.init_args.name."
-            )
         self.in_channels = in_channels
-        builtin = weights is not None and not Path(weights).suffix
         try:
-            self.net = torchvision.models.get_model(name, weights=weights if builtin else None)
+            self.net = torchvision.models.get_model(name, weights=weights)
         except OSError as err:  # not in torchvision's cache and the download failed (URLError is an OSError)
             url = torchvision.models.get_model_weights(name).verify(weights).url
             raise ConfigError(
                 f"Pretrained weights {name} {weights} are not in torchvision's cache and could not be downloaded "
                 f"({type(err).__name__}: {err}). On a machine with network access, download {url} and put it at "
-                f"{Path(torch.hub.get_dir()) / 'checkpoints' / Path(url).name} (TORCH_HOME moves this cache), "
-                "or set weights to the path of a local .pth state dict."
+                f"{Path(torch.hub.get_dir()) / 'checkpoints' / Path(url).name} (TORCH_HOME moves this cache)."
             ) from err
         # googlenet, inception_v3: drop the aux heads, so that train-mode forward returns logits, not a tuple
         if getattr(self.net, "aux_logits", False):
             self.net.aux_logits, self.net.aux1, self.net.aux2, self.net.AuxLogits = False, None, None, None
         # The head of every torchvision classifier: its last Linear, or 1x1 Conv2d (SqueezeNet's).
         head = [n for n, m in self.net.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))][-1]
-        if weights is not None and not builtin:
-            if not Path(weights).is_file():
-                raise ConfigError(
-                    f"Pretrained weights file '{weights}' does not exist. Put a torchvision state dict (.pth) there, "
-                    "or set weights to a torchvision name such as DEFAULT when the file is in torchvision's cache "
-                    f"({torch.hub.get_dir()}/checkpoints)."
-                )
-            skip = (f"{head}.", "aux1.", "aux2.", "AuxLogits.")  # the old head (replaced below), aux heads
-            state = torch.load(weights, map_location="cpu", weights_only=True)
-            state = {k: v for k, v in state.items() if not k.startswith(skip)}
-            missing, unexpected = self.net.load_state_dict(state, strict=False)
-            missing = [k for k in missing if not k.startswith(skip)]
-            if missing or unexpected:  # strict=False alone would silently keep random weights
-                raise ConfigError(
-                    f"'{weights}' does not fit torchvision's {name}: {len(missing)} missing keys (e.g. "
-                    f"{missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). Use a state dict of {name}."
-                )
         old = self.net.get_submodule(head)
         if isinstance(old, nn.Linear):
             self.net.set_submodule(head, nn.Linear(old.in_features, num_classes))

@@ -12,6 +12,7 @@ from torch.utils.data import default_collate
 
 from project.data import ImageClassificationDataModule, image_folder
 from project.inference import preprocessing_of
+from tests.conftest import torchvision_resize
 
 
 def photo(index: int, w: int = 500, h: int = 375) -> Image.Image:
@@ -77,15 +78,13 @@ def test_resize_is_torchvisions_and_close_to_pils(photos):
     """`resize` (the training size, every path and predict) gives torchvision's v2 `resize` of the uint8 image,
     bit for bit, and differs from PIL's bilinear resize of the same image by less than PIL differs from itself with
     a bicubic filter: no quality is bought for speed."""
-    from torchvision.transforms.v2 import functional as F2
-
     from project.data.normalize import resize
 
     for path in photos:
         x = image_folder.load_image(path)
         for size in ((224, 224), (64, 64), (32, 48)):
             ours = resize(x, size)
-            assert ours.dtype == torch.uint8 and torch.equal(ours, F2.resize(x, list(size), antialias=True))
+            assert ours.dtype == torch.uint8 and torch.equal(ours, torchvision_resize(x, size))
             with Image.open(path) as im:
                 rgb = im.convert("RGB")
                 pil = {
@@ -99,7 +98,7 @@ def test_resize_is_torchvisions_and_close_to_pils(photos):
 @pytest.mark.claim("normalize-one-function")
 def test_training_and_predict_normalise_alike(photos, tmp_path):
     """The model input of the same file is the same tensor, bit for bit, whether it comes through training's
-    loader + on_after_batch_transfer or predict's preprocessing."""
+    loader + on_after_batch_transfer or predict's preprocessing (export's preprocessing.json is predict's)."""
     root = tmp_path / "folder"
     for split, count in (("train", 6), ("test", 2)):
         for c in ("a", "b"):

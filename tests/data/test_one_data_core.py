@@ -54,7 +54,7 @@ def folder_module(folder: Path, **kw) -> ImageClassificationDataModule:
 def stream_module(prepared: Path, **kw):
     from project.data import StreamingDataModule
 
-    keep = ("batch_size", "num_workers", "image_size")
+    keep = ("batch_size", "num_workers")
     dm = StreamingDataModule(input_dir=str(prepared), **{k: ARGS[k] for k in keep}, **kw)
     dm.setup("fit")
     return dm
