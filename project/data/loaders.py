@@ -11,6 +11,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from project.errors import ConfigError
 from project.rng import mix_seed, run_seed
 
 if TYPE_CHECKING:
@@ -94,10 +95,10 @@ class ResumableDataLoader(DataLoader):
     def load_state_dict(self, state: dict[str, int]) -> None:
         saved, now = ((s["world_size"], s["batch_size"]) for s in (state, self.state_dict()))
         if saved != now:  # the epoch would be sliced or batched differently
-            raise ValueError(
-                f"This checkpoint's loader ran with world_size={saved[0]} and batch_size={saved[1]}, now "
-                f"{now[0]} and {now[1]}: the rest of its epoch cannot be reproduced. Resume "
-                "with the same devices and --data.init_args.batch_size."
+            raise ConfigError(
+                f"This checkpoint's loader ran with world_size={saved[0]} and batch_size={saved[1]}, now {now[0]} "
+                f"and {now[1]}: the rest of its epoch cannot be reproduced. Resume with the same devices and "
+                "--data.init_args.batch_size, or start a new run: --run_dir runs/<new name>."
             )
         self._resume = dict(state)
 

@@ -10,6 +10,7 @@ from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
 
 from project.data import ImageClassificationDataModule
 from project.data.loaders import EpochShard, ResumableDataLoader, TensorImages, batched
+from project.errors import ConfigError
 
 
 def make_loader(seed: int = 4, n: int = 100) -> ResumableDataLoader:
@@ -138,7 +139,7 @@ def test_ddp_ranks_resume_mid_epoch_at_their_next_batch(in_memory):
         for (xa, ya), (xb, yb) in zip(rest, whole[r][7:], strict=True):
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
     # Another world size or batch size would slice the epoch differently: refused, naming the fix.
-    with pytest.raises(ValueError, match="world_size=2 .* now 1 .*same devices"):
+    with pytest.raises(ConfigError, match="world_size=2 .* now 1 .*same devices.*--run_dir"):
         image_loader(0, 1, in_memory).load_state_dict(state)
     with pytest.raises(ValueError, match="batch_size=7"):
         ranks[0].load_state_dict(state | {"batch_size": 7})
