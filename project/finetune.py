@@ -1,20 +1,19 @@
 """FinetuneModule: transfer learning from a pretrained classifier (configs/finetune.yaml).
 
-Not Lightning's BackboneFinetuning (tests/test_finetune.py checks both reasons): its frozen BatchNorm normalises
-with each batch's statistics, and it unfreezes by adding a parameter group, which a per-step scheduler fails on.
-Here every parameter is in the optimizer from the start (frozen ones get no gradient, so it skips them) and
-unfreezing flips `requires_grad`."""
+Not Lightning's BackboneFinetuning (tests/test_finetune.py checks why): its frozen BatchNorm normalises with each
+batch's statistics, and it unfreezes by adding a parameter group, which a per-step scheduler fails on. Here every
+parameter is in the optimizer from the start (frozen ones get no gradient) and unfreezing flips `requires_grad`."""
 
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm  # BatchNorm1d/2d/3d, SyncBatchNorm
 
 from project.errors import ConfigError
 from project.module import ClassificationModule, decay_split
 
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
 
 class FinetuneModule(ClassificationModule):
-    """ClassificationModule with a frozen-then-unfrozen backbone and per-part learning rates: the head is the
-    model's last `nn.Linear` (the layer TorchvisionClassifier resizes), the rest is the backbone.
+    """A frozen-then-unfrozen backbone, per-part learning rates; the head is the model's last `nn.Linear`.
 
     Args:
         model, num_classes: as ClassificationModule's; the model's last `nn.Linear` is the (new) head.
@@ -58,7 +57,7 @@ class FinetuneModule(ClassificationModule):
     def train(self, mode: bool = True):
         super().train(mode)
         for m in self.model.modules():  # frozen: normalise with, and do not update, the running statistics
-            if mode and self.backbone_frozen and isinstance(m, _BatchNorm):
+            if mode and self.backbone_frozen and isinstance(m, BATCH_NORMS):
                 m.eval()
         return self
 
