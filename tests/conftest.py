@@ -71,7 +71,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # run on one core. What makes each one long:
 LONGEST_FIRST = (
     "test_sweep.py",  # two sweep launches, every trial a `python -m project fit` process of its own
+    "test_torchrun_restart.py",  # a 2-rank job killed and restarted 3 times beside an undisturbed one; 2 agents
+    "test_sweep_input.py",  # refused and corrected sweeps, each a launch with trials as processes
     "test_readme.py",  # the README's commands, each a process of its own in a fresh checkout
+    "test_sweep_storage.py",  # workers started at once on each storage, killed workers
     "test_ddp.py",  # three multi-process launches
     "test_streaming.py",  # one training process, moto's server, in-process prepares and a fit
     "test_streaming_ddp.py",  # three 2-rank runs, the ranks forked from pytest, and a prepare
@@ -81,6 +84,8 @@ LONGEST_FIRST = (
     "test_cli.py",  # in-process fits, end to end
     "test_resume_kill.py",  # 3 kill -9s; the runs are forks of pytest, no imports
     "test_ddp_slurm.py",  # scripts/slurm.sbatch under stand-in SLURM commands
+    "test_run_continues.py",  # the starting command re-run after a kill, a finish, a death, a change
+    "test_checkpoint_s3.py",  # three fits against moto, one killed mid-upload
 )
 
 
