@@ -78,8 +78,7 @@ LONGEST_FIRST = (
     "test_ddp.py",  # three multi-process launches
     "test_streaming.py",  # one training process, moto's server, in-process prepares and a fit
     "test_streaming_ddp.py",  # three 2-rank runs, the ranks forked from pytest, and a prepare
-    "test_bench.py",  # `make bench` end to end
-    "test_gpu_check.py",  # the GPU check's CPU dry run and the pieces it relies on
+    "test_gpu_check.py",  # the GPU check's CPU dry run (`make bench`'s smoke run too) and the pieces it relies on
     "test_any_dataset.py",  # one README launch, one 2-process launch, 3 in-process fits
     "test_cli.py",  # in-process fits, end to end
     "test_resume_kill.py",  # 3 kill -9s; the runs are forks of pytest, no imports
@@ -148,6 +147,39 @@ LAUNCH_TIMEOUT = 300
 LAUNCHED: list[tuple[str, float, float, int]] = []
 # Escape sequences a terminal interprets (CSI: colours, cursor moves, erase; OSC: titles and links).
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>78]")
+
+# What a terminal does with them, replayed by screen().
+CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\x1b\][^\x07]*\x07|\r|\n|[^\x1b\r\n]")
+
+
+def screen(raw: str, width: int = 120) -> list[str]:
+    """The lines a terminal of `width` columns shows after receiving `raw` (scrollback included), right-stripped."""
+    rows: list[list[str]] = [[]]
+    row = col = 0
+    for match in CSI.finditer(raw):
+        text, (params, command) = match.group(0), match.groups()
+        if command == "A":  # cursor up
+            row = max(row - int(params or 1), 0)
+        elif command == "K":  # erase in line: 2 = all of it, else from the cursor on
+            rows[row][:] = [] if params == "2" else rows[row][:col]
+        elif command or text.startswith("\x1b"):  # colours, cursor visibility, links: nothing drawn
+            continue
+        elif text == "\r":
+            col = 0
+        elif text == "\n":
+            row, col = row + 1, 0
+        else:
+            if col >= width:  # the terminal wraps a line longer than the screen
+                row, col = row + 1, 0
+            while len(rows) <= row:
+                rows.append([])
+            line = rows[row]
+            line.extend(" " * (col - len(line)))
+            line[col : col + 1] = [text]
+            col += 1
+        while len(rows) <= row:
+            rows.append([])
+    return [line for line in ("".join(r).rstrip() for r in rows) if line]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

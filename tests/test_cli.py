@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from project.module import ClassificationModule
-from tests.conftest import CONFIGS, QUIET, REPO, read_summary, run_cli
+from tests.conftest import CONFIGS, QUIET, read_summary, run_cli
 
 FAST = [*QUIET, "--trainer.max_epochs", "4"]
 
@@ -216,17 +216,14 @@ def test_a_failed_start_with_every_logger_leaves_no_run_directory(in_tmp, monkey
 
 
 @pytest.mark.claim("short-help")
-def test_fit_help_is_lightningclis_and_a_class_help_lists_its_keys():
+def test_fit_help_is_lightningclis_and_a_class_help_lists_its_keys(capsys):
     """`fit --help` is LightningCLI's (the project's flags among the Trainer's); `--model.help <class>` lists that
     class's arguments with their docstrings."""
-    import subprocess
-    import sys
 
     def help_text(*args: str) -> str:
-        command = [sys.executable, "-m", "project", "fit", *args]
-        return subprocess.run(
-            command, cwd=REPO, capture_output=True, text=True, timeout=120, check=True
-        ).stdout
+        capsys.readouterr()
+        assert run_cli("fit", *args) == 0
+        return capsys.readouterr().out
 
     top = help_text("--help")
     for flag in ("--run_dir", "--monitor", "--mode", "--checkpoint_every_n_steps", "--trainer.max_epochs"):

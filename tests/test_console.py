@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from project.console import drop_inapplicable_messages
-from tests.conftest import Launch, launch, make_argv, user_checkout
+from tests.conftest import Launch, launch, make_argv, screen, user_checkout
 from tests.test_readme import FEW_BATCHES, ONE_EPOCH, readme_command
 
 
@@ -43,37 +43,6 @@ def test_tips_are_dropped_and_other_lightning_info_kept():
 # so the raw bytes hold every frame and only replaying them tells what stays on screen.
 
 TERMINAL = {"TERM": "xterm-256color", "OMP_NUM_THREADS": "1"}
-CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\x1b\][^\x07]*\x07|\r|\n|[^\x1b\r\n]")
-
-
-def screen(raw: str, width: int = 120) -> list[str]:
-    """The lines a terminal of `width` columns shows after receiving `raw` (scrollback included), right-stripped."""
-    rows: list[list[str]] = [[]]
-    row = col = 0
-    for match in CSI.finditer(raw):
-        text, (params, command) = match.group(0), match.groups()
-        if command == "A":  # cursor up
-            row = max(row - int(params or 1), 0)
-        elif command == "K":  # erase in line: 2 = all of it, else from the cursor on
-            rows[row][:] = [] if params == "2" else rows[row][:col]
-        elif command or text.startswith("\x1b"):  # colours, cursor visibility, links: nothing drawn
-            continue
-        elif text == "\r":
-            col = 0
-        elif text == "\n":
-            row, col = row + 1, 0
-        else:
-            if col >= width:  # the terminal wraps a line longer than the screen
-                row, col = row + 1, 0
-            while len(rows) <= row:
-                rows.append([])
-            line = rows[row]
-            line.extend(" " * (col - len(line)))
-            line[col : col + 1] = [text]
-            col += 1
-        while len(rows) <= row:
-            rows.append([])
-    return [line for line in ("".join(r).rstrip() for r in rows) if line]
 
 
 def terminal_run(
@@ -135,16 +104,3 @@ def test_wandb_offline_run_directory_is_still_the_last_line(tmp_path):
     table = max(i for i, line in enumerate(lines) if "Run summary" in line)
     assert sync and sync[-1] < table, "\n".join(lines[-40:])
     assert len([line for line in lines if line.startswith("Epoch 0/0")]) == 1, "\n".join(lines)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)  # two processes: a hang fails here instead of blocking the suite
-def test_train_ddp_rank_zero_alone_draws_and_ends_with_the_run_directory(tmp_path):
-    # Threads as a user's shell has them (none set): the DDP launcher splits the cores between its ranks.
-    result, lines = terminal_run(
-        tmp_path, readme_command("make train-ddp"), *ONE_EPOCH, *FEW_BATCHES, env={"OMP_NUM_THREADS": None}
-    )
-    (run,) = result.runs()
-    assert lines[-1] == f"Run directory: runs/{run.name}", "\n".join(lines[-20:])
-    assert len([line for line in lines if line.startswith("Epoch 0/0")]) == 1, "\n".join(lines)
-    assert not re.search(r"rank\W{0,2}1\b", "\n".join(lines), re.I), "\n".join(lines)  # rank 0 speaks alone

@@ -19,14 +19,32 @@ WHEEL_PACKAGES = ["jsonargparse", "docstring_parser", "typeshed_client"]  # scri
 # The dry-run's own budget (scripts/gpu_check.py BUDGET_S, 290 s) plus the wheels' install: a hung stage fails
 # the test through the check's own per-stage caps; this outer limit only catches a hang of the script itself.
 DRY_RUN_TIMEOUT = 330
+# What `scripts/bench.py` writes (`make bench`'s bench.json; the dry-run's bench stage runs it with --smoke).
+SIDE = ["vs_loop", "epoch_pairs", "per_step_overhead_ms", "per_epoch_overhead_ms", "samples_per_s"]
+SIDE += ["warmup_epoch_seconds", "loop_samples_per_s", "loop_step_ms"]
+BENCH_KEYS = {
+    "template": SIDE,
+    "stock_lightning": SIDE,
+    "whole_fit": ["epochs", "template_seconds", "loop_seconds", "ratio"],
+    "default_run": [
+        "train_seconds",
+        "test_acc",
+        "startup_seconds",
+        "import_torch_lightning_seconds",
+        "peak_rss_mb",
+    ],
+    "machine": ["device", "cpus", "precision", "torch", "lightning"],
+    "options": ["bf16_mixed"],  # compile: not in the smoke
+}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(DRY_RUN_TIMEOUT + 30)
-@pytest.mark.claim("gpu-check-dry-run", "gpu-check-json")
+@pytest.mark.claim("gpu-check-dry-run", "gpu-check-json", "bench-smoke")
 def test_gpu_check_dry_run(tmp_path):
     """`scripts/gpu_check.sh --dry-run` as the README shows it, in a fresh checkout: every stage passes on CPU with
-    the GPU machine's missing packages hidden, and each stage's JSON is in runs/gpu_check/."""
+    the GPU machine's missing packages hidden, and each stage's JSON is in runs/gpu_check/. Its bench stage is the
+    `make bench` smoke test: `scripts/bench.py --smoke` writes every key and the table (no speed asserted)."""
     checkout = user_checkout(tmp_path / "clone")
     run = launch(
         ["scripts/gpu_check.sh", "--dry-run"], checkout, env={"OMP_NUM_THREADS": "1"}, timeout=DRY_RUN_TIMEOUT
@@ -63,6 +81,11 @@ def test_gpu_check_dry_run(tmp_path):
     bench = json.loads((out / "bench_figures.json").read_text())  # scripts/bench.py --smoke
     assert bench["template"]["samples_per_s"] > 0 and bench["stock_lightning"]["samples_per_s"] > 0, bench
     assert summary["bench"]["template_vs_stock_lightning"] > 0, summary
+    for section, keys in BENCH_KEYS.items():
+        assert set(keys) <= set(bench[section]), (section, set(keys) - set(bench[section]))
+    assert bench["template"]["vs_loop"] > 0 and all(v["vs_default"] > 0 for v in bench["options"].values())
+    assert 0 <= bench["default_run"]["test_acc"] <= 1 and bench["default_run"]["startup_seconds"] > 0
+    assert "| **template ÷ stock Lightning**" in (out / "bench.out.log").read_text()  # the markdown table
 
 
 @pytest.mark.claim("nondeterministic-op-error")

@@ -37,6 +37,7 @@ from tests.conftest import (
     documentation,
     launch,
     make_argv,
+    screen,
     user_checkout,
 )
 
@@ -506,9 +507,13 @@ def test_report(finished_run: FinishedRun):
 @needs("ddp_terminal")
 def test_train_ddp_in_a_terminal(launched):
     result = launched["ddp_terminal"]
-    check_ddp(result, peak_lr=0.003)
+    run = check_ddp(result, peak_lr=0.003)
     # The bar was drawn live (Rich hides the cursor while it redraws), so the terminal path ran on rank 0.
     assert "\x1b[?25l" in result.raw, result
+    # What stays on screen: rank 0's one bar for the epoch, and the run directory on the last line.
+    lines = screen(result.raw)
+    assert lines[-1] == f"Run directory: runs/{run.name}", "\n".join(lines[-20:])
+    assert len([line for line in lines if line.startswith("Epoch 0/0")]) == 1, "\n".join(lines)
 
 
 @pytest.mark.claim("ddp-make-train-ddp", "ddp-rank-zero-writes", "ddp-lr-scaling")

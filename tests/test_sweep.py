@@ -1,9 +1,10 @@
 """`make sweep`: an Optuna study whose trials are `make train` runs (project/sweep/), offline, on CPU.
 
-Two launches of real sweeps cover the README's claims, each trial a real `python -m project fit` process with the
-default configs (progress bar, loggers, every callback on); only epochs and batch limits shrink, in the test's sweep
-file. Every process runs with OMP_NUM_THREADS=1: the best trial's re-run must use the trials' thread count to give
-the same bits, and several processes share 2 cores here.
+Real sweeps cover the README's claims, each trial a real `python -m project fit` process with the default configs
+(progress bar, loggers, every callback on); only epochs and batch limits shrink, in the test's sweep file. The killed
+sweep, whose subject is the workers' bookkeeping, runs stub trials (tests/stub_trials/sitecustomize.py). Every
+process runs with OMP_NUM_THREADS=1: the best trial's re-run must use the trials' thread count to give the same bits,
+and several processes share 2 cores here.
 """
 
 import os
@@ -184,7 +185,8 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
     """Two workers (`--workers 2`) run two distinct trials at once. Then worker 1 is killed with kill -9 (its
     trial is left RUNNING: a dead worker) and the sweep process too (worker 0 then stops its trial and queues its
     values again). The same command again: the dead worker's trial is marked failed and re-queued, and each killed
-    trial's values run once more, to exactly n_trials complete trials."""
+    trial's values run once more, to exactly n_trials complete trials. The trials are stubs that run until the test
+    lets them end (tests/stub_trials/sitecustomize.py): the first launch's trials are killed while running."""
     space = write_space(
         tmp_path / "t.yaml",
         n_trials=2,
@@ -195,7 +197,14 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
     checkout = user_checkout(tmp_path / "clone")
     sweep_dir = (tmp_path / "sweep").resolve()
     command = [sys.executable, "-m", "project", "sweep", "--space", str(space), "--dir", str(sweep_dir)]
-    env = {**user_environment(), **THREADS}
+    hold = tmp_path / "hold"  # the trials run while it exists
+    hold.touch()
+    stubs = {
+        **THREADS,
+        "STUB_TRIALS_HOLD": str(hold),
+        "PYTHONPATH": str(Path(__file__).parent / "stub_trials"),
+    }
+    env = {**user_environment(), **stubs}
     first = subprocess.Popen([*command, "--workers", "2"], cwd=checkout, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + SWEEP_TIMEOUT
@@ -206,7 +215,7 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
                     running = study_of(sweep_dir).get_trials(states=(TrialState.RUNNING,))
                 except (KeyError, optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError):
                     running = []  # the study is being created (its tables too: "table ... already exists")
-                # mid-trial: both trial processes are inside `fit` (LightningCLI wrote their config.yaml)
+                # mid-trial: both trial processes are running (they wrote their config.yaml)
                 if len(running) == 2 and all(
                     (Path(t.user_attrs.get("run_dir", "-")) / "config.yaml").exists() for t in running
                 ):
@@ -230,7 +239,8 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
         for pid in processes_in(sweep_dir):
             os.kill(pid, signal.SIGKILL)
 
-    again = launch([*command, "--workers", "2"], checkout, env=THREADS, timeout=SWEEP_TIMEOUT)
+    hold.unlink()
+    again = launch([*command, "--workers", "2"], checkout, env=stubs, timeout=SWEEP_TIMEOUT)
     assert again.returncode == 0, str(again)
     trials = study_of(sweep_dir).get_trials()
     by_state = {s: [t for t in trials if t.state == s] for s in TrialState}

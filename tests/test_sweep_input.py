@@ -3,8 +3,7 @@ existing study untouched when it does, lets a corrected sweep run past earlier f
 report.png (project/sweep/report.py).
 
 In-process (`project.sweep.main`), with the repository's configs. Most checks train nothing; the metric check runs
-its one-batch dry run (a `python -m project fit --trainer.fast_dev_run 1` process), and one test runs one real trial
-of 4 batches.
+its one-batch dry run (a `python -m project fit --trainer.fast_dev_run 1` process) once for the file (`one_dry_run`).
 """
 
 import hashlib
@@ -34,6 +33,26 @@ DISTRIBUTIONS = {LR: FloatDistribution(1.0e-4, 1.0e-2, log=True), WIDTH: Categor
 @pytest.fixture(autouse=True)
 def in_repo(monkeypatch):
     monkeypatch.chdir(REPO)  # the sweep's default base config is configs/default.yaml, relative
+
+
+DRY_RUNS: dict[str, list[str]] = {}
+
+
+@pytest.fixture
+def one_dry_run(monkeypatch):
+    """The metric check's one-batch dry run, run for real once in this file: every sweep here has the same base
+    config and fixed keys, and what a trial logs does not depend on the searched values, so each reports the same
+    metrics."""
+    import project.sweep.check
+
+    real = project.sweep.check.reported_metrics
+
+    def once(*args) -> list[str]:
+        if "names" not in DRY_RUNS:
+            DRY_RUNS["names"] = real(*args)
+        return DRY_RUNS["names"]
+
+    monkeypatch.setattr(project.sweep.check, "reported_metrics", once)
 
 
 def write_space(path: Path, **overrides) -> Path:
@@ -205,17 +224,20 @@ def test_a_refused_choice_exits_2_naming_the_key_and_value(tmp_path, capsys):
         ("test/acc", "maximize", ["metric 'test/acc' is not one a trial reports", "val/acc"]),
     ],
 )
-def test_a_metric_no_trial_reports_exits_2_before_any_trial(tmp_path, capsys, metric, direction, needles):
+def test_a_metric_no_trial_reports_exits_2_before_any_trial(
+    tmp_path, capsys, metric, direction, needles, one_dry_run
+):
     """The metric is checked against what the module logs after a validation (one-batch dry run), before any
     trial; before, each trial trained to its end and then failed for want of the metric."""
     space = write_space(tmp_path / "t.yaml", metric=metric, direction=direction)
     assert sweep(space, tmp_path / "sweep") == 2
     refused(capsys, *needles)
     assert not (tmp_path / "sweep").exists()
+    assert {"val/loss", "val/acc"} <= set(DRY_RUNS["names"]) and "test/acc" not in DRY_RUNS["names"], DRY_RUNS
 
 
 @pytest.mark.claim("sweep-bad-input-before-trials")
-def test_bad_input_leaves_an_existing_study_unchanged(tmp_path, capsys):
+def test_bad_input_leaves_an_existing_study_unchanged(tmp_path, capsys, one_dry_run):
     """Against an existing sweep directory, each bad input exits 2 and changes no byte in it (space.yaml, best.yaml,
     report.png, trials.csv, study.db, trials/) and starts no trial. The study already has n_trials complete trials, so the
     old code ran none either, but rewrote space.yaml, best.yaml and the report with the bad input's metric."""
@@ -261,17 +283,13 @@ def test_bad_input_leaves_an_existing_study_unchanged(tmp_path, capsys):
     assert "ranks its trials by val/loss (minimize), not val/acc (maximize)" in said["another metric"], said
 
 
-def test_earlier_failures_do_not_block_a_corrected_extend(tmp_path, capsys):
+def test_earlier_failures_do_not_block_a_corrected_extend(tmp_path, capsys, fast_trials):
     """--max_failed counts the failures of this command: a study with two failed trials from an earlier run (a key
     since corrected) runs the corrected sweep's trial with --max_failed 1 (before: it stopped at once, exit 1)."""
     good = write_space(tmp_path / "good.yaml", n_trials=3)
     sweep_dir = tmp_path / "sweep"
     existing_study(sweep_dir, good, failed=2)
-    handler = signal.getsignal(signal.SIGTERM)  # the sweep turns SIGTERM into a stop of its trial
-    try:
-        assert sweep(good, sweep_dir) == 0, capsys.readouterr()
-    finally:
-        signal.signal(signal.SIGTERM, handler)
+    assert sweep(good, sweep_dir) == 0, capsys.readouterr()
     trials = optuna.load_study(study_name="t", storage=f"sqlite:///{sweep_dir / 'study.db'}").get_trials()
     assert [t.state for t in trials].count(TrialState.COMPLETE) == 3
 

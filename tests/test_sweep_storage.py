@@ -8,6 +8,7 @@ are not in the test environment.
 """
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -32,7 +33,7 @@ ROOT = Path(project.__file__).resolve().parent.parent  # the checkout under test
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Heartbeat of storage is supposed to be used with Study.optimize"
 )
-START_TIMEOUT = 240  # seconds for three worker processes to import Lightning and join on 2 shared cores
+START_TIMEOUT = 240  # seconds for three worker processes to start and join on 2 shared cores
 
 
 def write_space(path: Path, **overrides) -> Path:
@@ -143,12 +144,11 @@ def test_schema_created_by_another_worker_meanwhile_is_loaded(tmp_path, monkeypa
 
 
 JOIN = """
-import sys, time
+import json, sys, time, types
 from pathlib import Path
 
 import optuna, sqlalchemy  # the imports before the barrier: the workers then differ by a millisecond, not seconds
-import project.sweep, project.sweep.check, project.sweep.report, project.sweep.storage, project.sweep.worker
-from project.sweep.space import load_space
+import project.sweep, project.sweep.report, project.sweep.storage, project.sweep.worker
 
 
 def join(sweep, study):  # instead of running trials: take one and draw its values, as a worker's first step does
@@ -159,16 +159,27 @@ def join(sweep, study):  # instead of running trials: take one and draw its valu
 
 
 project.sweep.worker.run_worker = join
-# The input check before the barrier (the workers then start together), its dry run left out (not this test's subject).
-project.sweep.check.reported_metrics = lambda *args: ["val/loss"]
-space = sys.argv[sys.argv.index("--space") + 1]
-checked = project.sweep.check.check_inputs(space, load_space(space), ["configs/default.yaml"])
-project.sweep.check.check_inputs = lambda *args: checked
-Path(sys.argv[1]).touch()
-while not Path(sys.argv[2]).exists():
+# The input check's result, found by the test (Lightning is not imported here: the workers start in a second).
+checked = tuple(json.loads(Path(sys.argv[1]).read_text()))
+sys.modules["project.sweep.check"] = types.SimpleNamespace(check_inputs=lambda *args: checked)
+Path(sys.argv[2]).touch()
+while not Path(sys.argv[3]).exists():
     time.sleep(0.001)
-project.sweep.main(sys.argv[3:])
+project.sweep.main(sys.argv[4:])
 """
+
+
+def checked_inputs(space: Path) -> list:
+    """What the sweep's input check returns for `space` and configs/default.yaml, its dry run left out (not the
+    subject here): the metric, its direction and the base config's values."""
+    import project.sweep.check
+    from project.sweep.space import load_space
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(project.sweep.check, "reported_metrics", lambda *args: ["val/loss"])
+        return list(
+            project.sweep.check.check_inputs(space, load_space(space), [str(ROOT / "configs/default.yaml")])
+        )
 
 
 @pytest.mark.slow
@@ -185,12 +196,9 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
         "sqlite+pysqlite": f"sqlite+pysqlite:///{tmp_path / 'study.db'}",
         "journal": f"journal:{tmp_path / 'study.journal'}",
     }
-    argv = [
-        "--space",
-        str(write_space(tmp_path / "t.yaml")),
-        "--dir",
-        str(sweep_dir),
-    ]
+    space = write_space(tmp_path / "t.yaml")
+    argv = ["--space", str(space), "--dir", str(sweep_dir)]
+    (tmp_path / "checked.json").write_text(json.dumps(checked_inputs(space)))
     if urls[storage]:
         argv += ["--storage", urls[storage]]
     script = tmp_path / "join.py"
@@ -202,6 +210,7 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
             [
                 sys.executable,
                 str(script),
+                str(tmp_path / "checked.json"),
                 str(tmp_path / f"ready{k}"),
                 str(go),
                 *argv,
