@@ -211,7 +211,7 @@ def print_summary(run_dir: Path, data_state: dict | None = None, classifier: boo
     from rich.console import Console
     from rich.table import Table
 
-    from project.inference import contract_gaps
+    from project.data.normalize import contract_gaps
 
     gaps = contract_gaps(data_state)
     path = run_dir / "summary.json"

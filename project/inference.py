@@ -11,11 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from project.checkpoint import check_class_paths, instantiate
-from project.data.normalize import normalize, resize
+from project.data.normalize import contract_gaps, normalize, resize
 from project.errors import ConfigError
-
-# All that predict and export read of the data module, from its state_dict() in the checkpoint (docs/data.md).
-CONTRACT = ("class_names", "input_shape", "mean", "std")
 
 
 @dataclass
@@ -36,12 +33,6 @@ class Preprocessing:
         """A (C, H, W) image (uint8, or float in [0, 1]) -> the normalised float32 model input."""
         mean, std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (self.mean, self.std))
         return normalize(resize(x, self.input_shape[1:]), mean, std)
-
-
-def contract_gaps(data) -> list[str]:
-    """The CONTRACT keys that a data module's state_dict() (or that state) lacks or leaves None."""
-    state = data.state_dict() if hasattr(data, "state_dict") else data
-    return [k for k in CONTRACT if not isinstance(state, dict) or state.get(k) is None]
 
 
 def preprocessing_of(checkpoint: dict, path: str | os.PathLike = "checkpoint") -> Preprocessing:

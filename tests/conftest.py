@@ -419,9 +419,23 @@ class FinishedRun:
 FINISHED_RUN_COMMAND = 'make train ARGS="--trainer.max_epochs 2"'
 
 
+def modules_at_exit(dump: Path) -> dict[str, str]:
+    """Variables for a launch whose Python processes write every module they imported to `dump` when they exit
+    (tests/modules_at_exit/sitecustomize.py)."""
+    return {"PYTHONPATH": str(REPO / "tests" / "modules_at_exit"), "MODULES_AT_EXIT": str(dump)}
+
+
+def imported_packages(dump: Path, names: tuple[str, ...]) -> list[str]:
+    """Which of the top-level packages `names` the process that wrote `dump` had imported."""
+    modules = dump.read_text().split()
+    assert "torch" in modules, modules  # the hook saw the command run
+    return sorted({m.split(".")[0] for m in modules if m.split(".")[0] in names})
+
+
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
-    """`make train ARGS="--trainer.max_epochs 2"`, typed once per test session in a fresh checkout.
+    """`make train ARGS="--trainer.max_epochs 2"`, typed once per test session in a fresh checkout. Every module it
+    imported is listed in <checkout>/modules-at-exit.txt.
 
     The default configs, nothing removed: Rich progress bar, model summary, TensorBoard + CSV logs, report.png,
     summary.json, both checkpoints and every callback of configs/default.yaml, on the embedded digits data.
@@ -443,7 +457,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
             checkout = user_checkout(tmp_path_factory.mktemp("finished-run"))
             # One intra-op thread: it often runs next to other launches (tests/test_readme.py starts several at
             # once), and 2 threads per process on 2 busy cores nearly double this run's CPU time.
-            result = launch(make_argv(FINISHED_RUN_COMMAND), checkout, env={"OMP_NUM_THREADS": "1"})
+            env = {"OMP_NUM_THREADS": "1", **modules_at_exit(checkout / "modules-at-exit.txt")}
+            result = launch(make_argv(FINISHED_RUN_COMMAND), checkout, env=env)
             if record is not None:
                 fields = {k: getattr(result, k) for k in Launch.__dataclass_fields__}
                 tmp = record.with_suffix(".tmp")

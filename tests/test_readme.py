@@ -35,8 +35,10 @@ from tests.conftest import (
     FinishedRun,
     Launch,
     documentation,
+    imported_packages,
     launch,
     make_argv,
+    modules_at_exit,
     screen,
     user_checkout,
 )
@@ -309,12 +311,16 @@ def launch_predict(checkout: Path, run: str) -> Launch:
     for i in range(3):
         Image.fromarray((images[i, 0] * 255).round().byte().numpy()).save(checkout / f"images/{i}.png")
     command = readme_command("make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/")
-    return launch_single(make_argv(command.replace("<run>", run)), checkout)
+    return launch_single(
+        make_argv(command.replace("<run>", run)), checkout, modules_at_exit(checkout / "predict.txt")
+    )
 
 
 def launch_export(checkout: Path, run: str) -> Launch:
     command = readme_command("make export CKPT=runs/<run>/checkpoints/last.ckpt")
-    return launch_single(make_argv(command.replace("<run>", run)), checkout)
+    return launch_single(
+        make_argv(command.replace("<run>", run)), checkout, modules_at_exit(checkout / "export.txt")
+    )
 
 
 def launch_doctor(checkout: Path) -> Launch:
@@ -604,11 +610,17 @@ def test_cifar10_download_needs_network(launched):
 # -- Recipes -------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.claim("predict-csv")
+# Lightning (seconds to import), torchmetrics and matplotlib belong to training; torchvision (over a second more)
+# only to torchvision models: predict and export start without them.
+TRAINING_STACK = ("lightning", "pytorch_lightning", "torchmetrics", "matplotlib")
+
+
+@pytest.mark.claim("predict-csv", "tools-start-fast")
 @needs("predict")
 def test_predict(launched):
     result = launched["predict"]
     assert result.returncode == 0, result
+    assert imported_packages(launched.tools / "predict.txt", (*TRAINING_STACK, "torchvision")) == []
     run = launched.tools_run
     assert f"Predicted 3 image(s) -> runs/{run.name}/predictions.csv" in result.lines(), result
     assert "Skipped 1 file(s), not readable images:" in result.stderr and "notes.txt" in result.stderr
@@ -623,11 +635,12 @@ def test_predict(launched):
         assert list(map(float, probabilities)) == sorted(map(float, probabilities), reverse=True), top
 
 
-@pytest.mark.claim("export-checked")
+@pytest.mark.claim("export-checked", "tools-start-fast")
 @needs("export")
 def test_export(launched):
     result = launched["export"]
     assert result.returncode == 0, result
+    assert imported_packages(launched.tools / "export.txt", TRAINING_STACK) == []
     out = launched.tools_run / "export"
     assert {"model.onnx", "preprocessing.json"} <= {p.name for p in out.iterdir()}, sorted(out.iterdir())
     diffs = [float(d) for d in re.findall(r"max abs diff (\S+)", result.stdout)]

@@ -11,6 +11,14 @@ from torch import Tensor
 from torch.nn import functional as F
 
 STATS_LIMIT = 4096  # statistics from at most this many evenly spaced training images: settled, and quick
+# All that predict and export read of the data module, from its state_dict() in the checkpoint (docs/data.md).
+CONTRACT = ("class_names", "input_shape", "mean", "std")
+
+
+def contract_gaps(data) -> list[str]:
+    """The CONTRACT keys that a data module's state_dict() (or that state) lacks or leaves None."""
+    state = data.state_dict() if hasattr(data, "state_dict") else data
+    return [k for k in CONTRACT if not isinstance(state, dict) or state.get(k) is None]
 
 
 def resize(x: Tensor, size: tuple[int, int] | list[int] | None) -> Tensor:
