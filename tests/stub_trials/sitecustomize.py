@@ -2,7 +2,8 @@
 puts it there for its killed sweep, whose subject is the sweep's bookkeeping (workers, kills, re-queued trials), not
 what a trial trains. In the sweep's processes (its workers included) the input check and the trials are stubs that
 start in a fraction of a second instead of importing Lightning: a trial writes its run directory's config.yaml (it
-is running), then waits while the file STUB_TRIALS_HOLD exists, then writes a summary.json and exits 0.
+is running), then waits while the file STUB_TRIALS_HOLD exists, then writes a summary.json and exits 0. A worker's
+heartbeat comes every second, and a dead worker's trial is stale after 3 s instead of 20.
 """
 
 import os
@@ -22,8 +23,10 @@ while hold.exists():
 if hold := os.environ.get("STUB_TRIALS_HOLD"):
     import types
 
+    import project.sweep.storage
     import project.sweep.worker
 
+    project.sweep.storage.HEARTBEAT_INTERVAL_S, project.sweep.storage.GRACE_PERIOD_S = 1, 3
     sys.modules["project.sweep.check"] = types.SimpleNamespace(
         check_inputs=lambda *args: ("val/loss", "minimize", {})
     )
