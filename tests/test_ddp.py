@@ -1,7 +1,7 @@
 """DDP on CPU (gloo), each run in its own process group with a timeout: correctness, launchers, failure.
 
 Three launches in all, each asserting several facts, because every process spends seconds importing torch:
-  1. `make train-ddp ARGS="--model.init_args.lr_scaling linear"`'s command, 2 processes, in-memory loader:
+  1. `make train-ddp ARGS="--model.init_args.lr_scaling linear"` typed in a fresh checkout, piped, 2 processes:
      one run directory, rank-0-only files, sharding and per-epoch reshuffling, every val/test sample counted
      exactly once, lr x 2 on both ranks, cores split between the processes, configs/ddp.yaml's collective
      timeout in the process group.
@@ -15,6 +15,7 @@ Three launches in all, each asserting several facts, because every process spend
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -25,7 +26,7 @@ import torch
 import yaml
 
 from project.data.loaders import EpochShard
-from tests.conftest import CONFIGS, QUIET, REPO
+from tests.conftest import CHECKOUT_ENTRIES, CONFIGS, QUIET, REPO, launch, make_argv, user_checkout
 from tests.ddp_processes import (
     TEST_DEADLINE_S,
     env_for_children,
@@ -98,45 +99,33 @@ def assert_disjoint_reshuffled_shards(r0: dict, r1: dict, epochs: int, sampler: 
 )
 @pytest.mark.timeout(TEST_DEADLINE_S)
 def test_make_train_ddp_two_cpu_processes(tmp_path):
-    # The command `make train-ddp NPROC=2 ARGS="--model.init_args.lr_scaling linear"` runs (see the Makefile;
-    # README's third DDP example), 2 of the 15 epochs, 32 x 2 = global batch 64.
+    # The README's `make train-ddp ARGS="--model.init_args.lr_scaling linear"` as typed in a fresh checkout, piped
+    # (CI, nohup, `| tee`) with TERM=dumb as many CI runners set it, 2 of the 15 epochs, 32 x 2 = global batch 64,
+    # and the probe callback (tests/ on PYTHONPATH) that records what each rank saw.
     epochs = 2  # two, to see the shards reshuffled
-    cmd = [
-        sys.executable,
-        "-m",
-        "project",
-        "fit",
-        "--config",
-        CONFIGS / "default.yaml",
-        "--config",
-        CONFIGS / "ddp.yaml",
-        "--trainer.devices",
-        "2",
-        "--trainer.num_nodes",
-        "1",
-        "--model.init_args.lr_scaling",
-        "linear",
-        *QUIET,
-        "--trainer.max_epochs",
-        epochs,
-        "--data.init_args.batch_size",
-        "32",
-        *ODD_SPLITS,
+    flags = [f"--trainer.max_epochs {epochs}", "--data.init_args.batch_size 32", " ".join(ODD_SPLITS[:2])]
+    flags += [
+        " ".join(ODD_SPLITS[2:]),
         f"--trainer.callbacks+={PROBE}",
-        "--trainer.callbacks.out_dir",
-        tmp_path / "probe",
+        f"--trainer.callbacks.out_dir {tmp_path / 'probe'}",
     ]
+    checkout = user_checkout(tmp_path / "checkout")
     # Without OMP_NUM_THREADS, as a user's shell has it: the processes must split the cores between them.
-    env = {k: v for k, v in env_for_children().items() if k != "OMP_NUM_THREADS"}
-    code, out, err = finish(start(cmd, tmp_path, env))
-    assert code == 0, err[-4000:]
+    env = {"TERM": "dumb", "OMP_NUM_THREADS": None, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    result = launch(
+        make_argv('make train-ddp ARGS="--model.init_args.lr_scaling linear"', *flags), checkout, env
+    )
+    code, out, err = result.returncode, result.stdout, result.stderr
+    assert code == 0, result
+    assert "\x1b[?25l" not in result.output, result  # no live redraws of the bar into a pipe
 
     # Rank 0 announces the world; the last line names the one run directory.
     lr = configured_lr()
     assert "world size 2 = 2 per node x 1 node, CPU processes with gloo" in out
     assert f"Per-device batch 32, effective global batch 64. Peak lr {lr * 2:g}." in out
-    runs = list((tmp_path / "runs").iterdir())
-    assert len(runs) == 1 and out.strip().splitlines()[-1] == f"Run directory: runs/{runs[0].name}"
+    runs = list((checkout / "runs").iterdir())
+    assert len(runs) == 1 and result.lines()[-1] == f"Run directory: runs/{runs[0].name}", result
+    assert out.count("Run summary") == 1 and out.count("Run directory:") == 1, result
     # Only rank 0 wrote: one summary, one checkpoints/ (best + last), one config, one set of logs.
     run = runs[0]
     files = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file())
@@ -154,8 +143,11 @@ def test_make_train_ddp_two_cpu_processes(tmp_path):
         *events,
     ]
     assert files == sorted(expected) and len(events) == 2, files
-    assert not [p for p in tmp_path.iterdir() if p.name not in ("runs", "probe")]  # nothing written elsewhere
-    assert "[rank 1]" not in err  # rank 1 stays quiet: no repeated warnings or info lines
+    assert {p.name for p in tmp_path.iterdir()} == {"checkout", "probe"}  # nothing written elsewhere
+    assert {p.name for p in checkout.iterdir()} == {*CHECKOUT_ENTRIES, "runs"}
+    # Rank 1 stays quiet: no repeated warnings or info lines; neither "[rank 1]" (this template's prefix) nor
+    # "[rank: 1]" / "GLOBAL_RANK: 1" (Lightning's).
+    assert "[rank 1]" not in err and not re.search(r"rank\W{0,2}1\b", result.output, re.I), result
     # No accuracy bar: the README promises none for 2 epochs of DDP; what it promises is checked below.
     print(
         f"\n2-process DDP, {epochs} epochs: test_acc={summary['test_acc']:.4f} train_seconds={summary['train_seconds']}"

@@ -124,7 +124,9 @@ COMMANDS = {
     "make train-ddp": "test_train_ddp_in_a_terminal",
     'make train-ddp NPROC=4 ARGS="--trainer.max_epochs 5"': "test_make_help (with make -n: 4 processes do not fit "
     "2 cores; NPROC=2 runs in test_train_ddp_in_a_terminal)",
-    'make train-ddp ARGS="--model.init_args.lr_scaling linear"': "test_train_ddp_piped_with_term_dumb",
+    'make train-ddp ARGS="--model.init_args.lr_scaling linear"': "not run here: tests/test_ddp.py "
+    "(test_make_train_ddp_two_cpu_processes) types it in a fresh checkout, piped with TERM=dumb, 2 epochs, with the "
+    "DDP probe callback",
     TORCHRUN.format(0): "not run here: two machines (tests/test_ddp.py runs two torchrun.sh nodes on one)",
     TORCHRUN.format(1): "not run here: two machines (tests/test_ddp.py runs two torchrun.sh nodes on one)",
     "make resume": "test_resume",
@@ -251,14 +253,6 @@ def launch_ddp_terminal(checkout: Path) -> Launch:
     return launch(argv, checkout, env={"TERM": "xterm-256color", **USER_THREADS}, terminal=True)
 
 
-def launch_ddp_piped(checkout: Path) -> Launch:
-    # CI, nohup or `| tee`: no terminal, and TERM=dumb as many CI runners set it.
-    command = readme_command('make train-ddp ARGS="--model.init_args.lr_scaling linear"')
-    return launch(
-        make_argv(command, *ONE_EPOCH, *FEW_BATCHES), checkout, env={"TERM": "dumb", **USER_THREADS}
-    )
-
-
 def launch_preset_then_resume(checkout: Path) -> list[tuple[Launch, dict]]:
     """The debug preset (2 epochs x 5 batches), then `make resume` to epoch 3: each launch with the summary.json
     it left (the resume rewrites it). No resume after a failed preset."""
@@ -338,7 +332,6 @@ def launch_help(checkout: Path) -> list[Launch]:
 # name -> (what starts it, whether it runs on a copy of the session's finished run). Listed longest first.
 LAUNCHES = {
     "ddp_terminal": (launch_ddp_terminal, False),
-    "ddp_piped": (launch_ddp_piped, False),
     "preset_then_resume": (launch_preset_then_resume, False),
     "imagefolder": (launch_imagefolder, False),
     "own_model": (launch_own_model, False),
@@ -506,7 +499,7 @@ def test_report(finished_run: FinishedRun):
         assert (image.format, image.size) == ("PNG", (15 * 80, 10 * 80))
 
 
-# -- make train-ddp: a terminal, a pipe, TERM=dumb ---------------------------------------------------------------
+# -- make train-ddp in a terminal (piped with TERM=dumb: tests/test_ddp.py) ----------------------------------
 
 
 @pytest.mark.claim("ddp-make-train-ddp", "ddp-rank-zero-writes")
@@ -520,14 +513,6 @@ def test_train_ddp_in_a_terminal(launched):
     lines = screen(result.raw)
     assert lines[-1] == f"Run directory: runs/{run.name}", "\n".join(lines[-20:])
     assert len([line for line in lines if line.startswith("Epoch 0/0")]) == 1, "\n".join(lines)
-
-
-@pytest.mark.claim("ddp-make-train-ddp", "ddp-rank-zero-writes", "ddp-lr-scaling")
-@needs("ddp_piped")
-def test_train_ddp_piped_with_term_dumb(launched):
-    result = launched["ddp_piped"]
-    check_ddp(result, peak_lr=0.006)
-    assert "\x1b[?25l" not in result.output, result  # no live redraws into a pipe
 
 
 # -- Never lose a run ----------------------------------------------------------------------------------------------
