@@ -153,8 +153,8 @@ COMMANDS = {
     "(killed, then resumed)",
     'make sweep ARGS="--n_trials 30"': "not run here: tests/test_sweep.py resumes a killed sweep with the same "
     "command; --n_trials is the same flag its sweep file's n_trials stands for",
-    'make train ARGS="--config runs/sweeps/digits/best.yaml"': "not run here: tests/test_sweep.py runs `make train "
-    'ARGS="--config runs/sweeps/t/best.yaml"` on its own sweep and compares the metric',
+    'make train ARGS="--config runs/sweeps/digits/best.yaml"': "not run here: tests/test_sweep.py runs the fit "
+    '`make train ARGS="--config runs/sweeps/t/best.yaml"` makes, in-process, on its own sweep and compares the metric',
     "python -m project sweep --report": "not run here: tests/test_sweep.py runs it with the --space/--dir of its "
     "own sweep",
     "python -m project sweep --storage postgresql://user:password@db-host/optuna --worker_index 1": "not run "

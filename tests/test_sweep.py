@@ -20,7 +20,7 @@ import sqlalchemy
 import yaml
 from optuna.trial import TrialState
 
-from tests.conftest import launch, make_argv, user_checkout, user_environment
+from tests.conftest import launch, make_argv, run_cli, user_checkout, user_environment
 
 pytestmark = [pytest.mark.slow]
 
@@ -83,7 +83,7 @@ def summary(run_dir: Path) -> dict:
 @pytest.mark.claim(
     "sweep-results", "sweep-best-reruns", "sweep-failed-trial", "sweep-pruning", "sweep-report"
 )
-def test_sweep_results_failed_and_pruned_trials_and_best_rerun(tmp_path):
+def test_sweep_results_failed_and_pruned_trials_and_best_rerun(tmp_path, monkeypatch):
     """`make sweep` with three trials queued first: the default lr (completes), lr 1e9 (diverges: val/loss NaN
     after the first epoch), lr 1e-7 (its first val/loss stays at the untrained net's, above the first trial's:
     pruned after epoch 0 of 2). n_trials 2: the sweep ends when two have finished (complete or pruned), the
@@ -130,38 +130,23 @@ def test_sweep_results_failed_and_pruned_trials_and_best_rerun(tmp_path):
     assert "trainer.callbacks+" not in best_yaml, best_yaml  # the sweep's pruning callback stays out
     assert best_yaml["trainer.max_epochs"] == FAST["trainer.max_epochs"]
 
-    # best.yaml as the README says: `make train` reproduces the best trial's metric bit for bit (same seed, same
-    # thread count, deterministic CPU kernels)
-    rerun = launch(
-        make_argv('make train ARGS="--config runs/sweeps/t/best.yaml"'),
-        checkout,
-        env=THREADS,
-        timeout=SWEEP_TIMEOUT,
-    )
-    assert rerun.returncode == 0, str(rerun)
-    (run_dir,) = [p for p in rerun.runs() if p.name != "sweeps"]
-    assert summary(run_dir)["best_score"] == best.value, (summary(run_dir), best.value)
+    # best.yaml as the README says: `make train ARGS="--config runs/sweeps/t/best.yaml"` reproduces the best trial's
+    # metric bit for bit (same seed, same thread count, deterministic CPU kernels). The fit that command makes runs
+    # in this process (one thread, as the trials had), and then --report, which rewrites the results from the
+    # study alone.
+    import project.sweep
 
-    # --report rewrites the results from the study alone
-    (sweep_dir / "best.yaml").unlink()
+    (sweep_dir / "best.yaml").rename(tmp_path / "best.yaml")
     (sweep_dir / "report.png").unlink()
-    report = launch(
-        [
-            sys.executable,
-            "-m",
-            "project",
-            "sweep",
-            "--report",
-            "--space",
-            str(space),
-            "--dir",
-            "runs/sweeps/t",
-        ],
-        checkout,
-        env=THREADS,
-        timeout=SWEEP_TIMEOUT,
-    )
-    assert report.returncode == 0, str(report)
+    with monkeypatch.context() as mp:
+        mp.chdir(checkout)
+        assert run_cli("fit", "--config", "configs/default.yaml", "--config", tmp_path / "best.yaml") == 0
+        with pytest.raises(SystemExit) as report:
+            project.sweep.main(["--report", "--space", str(space), "--dir", "runs/sweeps/t"])
+    assert not report.value.code  # exit 0
+    (run_dir,) = [p for p in (checkout / "runs").iterdir() if p.name != "sweeps"]
+    assert summary(run_dir)["best_score"] == best.value, (summary(run_dir), best.value)
+    assert (sweep_dir / "best.yaml").read_text() == (tmp_path / "best.yaml").read_text()
     assert (sweep_dir / "best.yaml").is_file() and (sweep_dir / "report.png").is_file()
 
 
