@@ -71,7 +71,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # run on one core. What makes each one long:
 LONGEST_FIRST = (
     "test_sweep.py",  # real sweeps: every trial a `python -m project fit` process of its own
-    "test_torchrun_restart.py",  # a 2-rank job killed and restarted twice beside an undisturbed one; 2 agents
+    "test_torchrun_restart.py",  # a 2-rank job killed and restarted 3 times beside an undisturbed one; 2 agents
     "test_readme.py",  # the README's commands, each a process of its own in a fresh checkout
     "test_streaming.py",  # one training process, moto's server, in-process prepares and a fit
     "test_ddp.py",  # three multi-process launches

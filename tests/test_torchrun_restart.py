@@ -1,9 +1,8 @@
 """scripts/torchrun.sh restarts a group whose rank died: a rank SIGKILLed at a forced moment (KillAt, below: mid-step,
-during validation, while rank 0 writes a checkpoint), and the job still exits 0 with no human step. One node of 2
-processes is killed mid-step and in validation; two agents (`--nnodes 2`, c10d) while rank 0 writes a checkpoint,
-and one node's failure restarts the other node's worker too. Each restart continues the run from its last
-checkpoint, and the run ends bit-identical to an undisturbed one. CPU processes with gloo; each process start costs
-seconds of imports, so the three moments are shared between the two jobs."""
+during validation, while rank 0 writes a checkpoint), and the job still exits 0 with no human step: one node of 2
+processes killed at each moment in turn, and two agents (`--nnodes 2`, c10d) killed while rank 0 writes a
+checkpoint, where one node's failure restarts the other node's worker too. Each restart continues the run from its
+last checkpoint, and the run ends bit-identical to an undisturbed one. CPU processes with gloo."""
 
 import os
 import signal
@@ -21,7 +20,7 @@ from tests.ddp_processes import LAUNCH_DEADLINE_S, env_for_children, finish_toge
 TORCHRUN = REPO / "scripts/torchrun.sh"
 FLAGS = "--trainer.max_epochs 2 --trainer.limit_train_batches 4 --trainer.limit_val_batches 2".split()
 FLAGS += ["--test_after_fit", "false", *QUIET]
-PHASES = ["step", "validation"]  # the one-node job's; the two agents' is "checkpoint"
+PHASES = ["step", "validation", "checkpoint"]
 
 
 class KillAt(Callback):
@@ -114,7 +113,7 @@ def test_default_is_three_restarts_with_a_c10d_rendezvous(tmp_path):
 
 @pytest.fixture(scope="module")
 def killed_and_clean(tmp_path_factory, env) -> tuple[Path, list]:
-    """One job whose ranks are killed at each of PHASES in turn (2 restarts), and beside it the same job undisturbed."""
+    """One job whose ranks are killed at each of PHASES in turn (3 restarts), and beside it the same job undisturbed."""
     tmp = tmp_path_factory.mktemp("restart")
     procs = [
         torchrun("--nproc_per_node", "2", "--max_restarts", "3", "--master_port", free_port(), "--run_id", "killed",
@@ -128,12 +127,12 @@ def killed_and_clean(tmp_path_factory, env) -> tuple[Path, list]:
 @pytest.mark.claim("ddp-torchrun-restarts")
 @pytest.mark.slow
 @pytest.mark.timeout(2 * LAUNCH_DEADLINE_S)
-def test_a_rank_killed_mid_step_and_in_validation_restarts_the_group(killed_and_clean):
+def test_a_rank_killed_mid_step_in_validation_and_mid_checkpoint_restarts_the_group(killed_and_clean):
     tmp, results = killed_and_clean
     assert [code for code, _, _ in results] == [0, 0], report(results)
     assert (tmp / "marker").read_text().split() == PHASES  # each kill hit its phase, one per attempt
     starts = sorted((tmp / "marker.starts").read_text().splitlines())
-    assert starts == ["start 0"] * 3 + ["start 1"] * 3, starts  # both ranks: the first start and 2 restarts
+    assert starts == ["start 0"] * 4 + ["start 1"] * 4, starts  # both ranks: the first start and 3 restarts
 
 
 @pytest.mark.claim("ddp-torchrun-restarts")
