@@ -21,6 +21,7 @@ import yaml
 from optuna.trial import TrialState
 
 from tests.conftest import launch, make_argv, run_cli, user_checkout, user_environment
+from tests.stub_trials.sitecustomize import stub_environment
 
 pytestmark = [pytest.mark.slow]
 
@@ -184,11 +185,7 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
     command = [sys.executable, "-m", "project", "sweep", "--space", str(space), "--dir", str(sweep_dir)]
     hold = tmp_path / "hold"  # the trials run while it exists
     hold.touch()
-    stubs = {
-        **THREADS,
-        "STUB_TRIALS_HOLD": str(hold),
-        "PYTHONPATH": str(Path(__file__).parent / "stub_trials"),
-    }
+    stubs = {**THREADS, **stub_environment(hold)}
     env = {**user_environment(), **stubs}
     first = subprocess.Popen([*command, "--workers", "2"], cwd=checkout, env=env, start_new_session=True)
     try:

@@ -326,19 +326,21 @@ def files(folder: Path) -> dict[str, tuple[str, int]]:
 
 
 @pytest.fixture
-def fast_trials(monkeypatch):
-    """Sweeps whose input check and trials are not the test's subject: a trial writes its summary.json at once."""
+def fast_trials(monkeypatch, tmp_path):
+    """Sweeps whose input check and trials are not the test's subject: a trial writes its summary.json at once
+    (the stub trial of tests/stub_trials/sitecustomize.py, with no file to wait for)."""
     import sys
 
     import project.sweep.check
     import project.sweep.worker
+    from tests.stub_trials.sitecustomize import TRIAL
 
-    summary = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'monitor': 'val/loss', 'best_score': 0.5}))"
+    hold = str(tmp_path / "no-hold")
     monkeypatch.setattr(project.sweep.check, "check_inputs", lambda *args: ("val/loss", "minimize", {}))
     monkeypatch.setattr(
         project.sweep.worker,
         "fit_command",
-        lambda configs, overlay, run_dir: [sys.executable, "-c", summary, str(run_dir / "summary.json")],
+        lambda configs, overlay, run_dir: [sys.executable, "-c", TRIAL, str(run_dir), hold],
     )
     handler = signal.getsignal(signal.SIGTERM)  # the sweep turns SIGTERM into a stop of its trial
     yield

@@ -8,7 +8,6 @@ are not in the test environment.
 """
 
 import importlib.util
-import json
 import os
 import signal
 import subprocess
@@ -26,6 +25,7 @@ import project
 from project.errors import ConfigError
 from project.sweep.storage import default_storage, open_storage
 from project.sweep.worker import Sweep
+from tests.stub_trials.sitecustomize import stub_environment
 
 LR = "model.init_args.optimizer.init_args.lr"
 ROOT = Path(project.__file__).resolve().parent.parent  # the checkout under test (children import it too)
@@ -144,7 +144,7 @@ def test_schema_created_by_another_worker_meanwhile_is_loaded(tmp_path, monkeypa
 
 
 JOIN = """
-import json, sys, time, types
+import sys, time
 from pathlib import Path
 
 import optuna, sqlalchemy  # the imports before the barrier: the workers then differ by a millisecond, not seconds
@@ -159,14 +159,18 @@ def join(sweep, study):  # instead of running trials: take one and draw its valu
 
 
 project.sweep.worker.run_worker = join
-# The input check's result, found by the test (Lightning is not imported here: the workers start in a second).
-checked = tuple(json.loads(Path(sys.argv[1]).read_text()))
-sys.modules["project.sweep.check"] = types.SimpleNamespace(check_inputs=lambda *args: checked)
-Path(sys.argv[2]).touch()
-while not Path(sys.argv[3]).exists():
+Path(sys.argv[1]).touch()
+while not Path(sys.argv[2]).exists():
     time.sleep(0.001)
-project.sweep.main(sys.argv[4:])
+project.sweep.main(sys.argv[3:])
 """
+
+
+def stubbed(tmp_path: Path, checked) -> dict[str, str]:
+    """The environment of sweep processes whose input check returns `checked` and whose trials write their
+    summary.json at once (tests/stub_trials/sitecustomize.py)."""
+    env = {**os.environ, **stub_environment(tmp_path / "no-hold", checked), "OMP_NUM_THREADS": "1"}
+    return env | {"PYTHONPATH": os.pathsep.join([str(ROOT), env["PYTHONPATH"]])}
 
 
 def checked_inputs(space: Path) -> list:
@@ -198,19 +202,18 @@ def test_three_workers_started_at_once_all_join(tmp_path, storage):
     }
     space = write_space(tmp_path / "t.yaml")
     argv = ["--space", str(space), "--dir", str(sweep_dir)]
-    (tmp_path / "checked.json").write_text(json.dumps(checked_inputs(space)))
     if urls[storage]:
         argv += ["--storage", urls[storage]]
     script = tmp_path / "join.py"
     script.write_text(JOIN)
     go = tmp_path / "go"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # The input check's result, found here (Lightning is not imported there: the workers start in a second).
+    env = stubbed(tmp_path, checked_inputs(space))
     workers = [
         subprocess.Popen(
             [
                 sys.executable,
                 str(script),
-                str(tmp_path / "checked.json"),
                 str(tmp_path / f"ready{k}"),
                 str(go),
                 *argv,
@@ -431,21 +434,12 @@ def test_a_dead_workers_trial_is_queued_again_once_when_two_workers_recover_it_a
 
 
 KILLED_IN_ASK = """
-import json, os, signal, sys, types
+import os, signal, sys
 
 import optuna
-import project.sweep, project.sweep.storage, project.sweep.worker
+import project.sweep
 
-# Not this test's subject: the input check (the first trial is the base config's, lr 0.003) and the trials' runs (a
-# trial writes its summary.json at once). A dead worker's trial is stale after 1 s, not 20.
-sys.modules["project.sweep.check"] = types.SimpleNamespace(
-    check_inputs=lambda *args: ("val/loss", "minimize", {"model.init_args.optimizer.init_args.lr": 0.003})
-)
-summary = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'monitor': 'val/loss', 'best_score': 0.5}))"
-project.sweep.worker.fit_command = lambda configs, overlay, run_dir: [
-    sys.executable, "-c", summary, str(run_dir / "summary.json")
-]
-project.sweep.storage.HEARTBEAT_INTERVAL_S = project.sweep.storage.GRACE_PERIOD_S = 1
+# The input check and the trials are stubs (tests/stub_trials/sitecustomize.py, on PYTHONPATH).
 if sys.argv[1] == "kill":  # inside ask(): the queued trial has just become RUNNING, and its worker dies
     for storage in (optuna.storages.RDBStorage, optuna.storages.JournalStorage):
 
@@ -476,7 +470,7 @@ def test_a_worker_killed_inside_ask_leaves_no_trial_running(tmp_path, storage):
         else default_storage(tmp_path / "sweep")
     )
     argv += ["--storage", url] if storage == "journal" else []
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = stubbed(tmp_path, ("val/loss", "minimize", {LR: 0.003}))  # the first trial is the base config's
 
     def sweep(mode: str) -> subprocess.CompletedProcess:
         command = [sys.executable, str(script), mode, *argv]

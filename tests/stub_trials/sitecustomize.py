@@ -1,11 +1,13 @@
-"""Python imports this module at start-up in every process whose PYTHONPATH holds this folder: tests/test_sweep.py
-puts it there for its killed sweep, whose subject is the sweep's bookkeeping (workers, kills, re-queued trials), not
-what a trial trains. In the sweep's processes (its workers included) the input check and the trials are stubs that
-start in a fraction of a second instead of importing Lightning: a trial writes its run directory's config.yaml (it
-is running), then waits while the file STUB_TRIALS_HOLD exists, then writes a summary.json and exits 0. A worker's
-heartbeat comes every second, and a dead worker's trial is stale after 3 s instead of 20.
+"""Python imports this module at start-up in every process whose PYTHONPATH holds this folder and whose environment
+sets STUB_TRIALS_HOLD: tests whose subject is the sweep's bookkeeping (workers, kills, re-queued trials), not what a
+trial trains, start real `python -m project sweep` processes with it (tests/test_sweep.py, test_sweep_storage.py).
+There (workers included) the input check returns STUB_TRIALS_CHECK (JSON: metric, direction, the base config's
+values), and a trial starts in a fraction of a second instead of importing Lightning: it writes its run directory's
+config.yaml (it is running), waits while the file STUB_TRIALS_HOLD exists, then writes a summary.json and exits 0.
+A worker's heartbeat comes every second, and a dead worker's trial is stale after 3 s instead of 20.
 """
 
+import json
 import os
 import sys
 
@@ -20,6 +22,13 @@ while hold.exists():
 (run_dir / "summary.json").write_text(json.dumps({"monitor": "val/loss", "best_score": 0.5}))
 """
 
+
+def stub_environment(hold, checked=("val/loss", "minimize", {})) -> dict[str, str]:
+    """The variables that turn the stubs on: trials run while the file `hold` exists; the check returns `checked`."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return {"PYTHONPATH": here, "STUB_TRIALS_HOLD": str(hold), "STUB_TRIALS_CHECK": json.dumps(list(checked))}
+
+
 if hold := os.environ.get("STUB_TRIALS_HOLD"):
     import types
 
@@ -27,9 +36,8 @@ if hold := os.environ.get("STUB_TRIALS_HOLD"):
     import project.sweep.worker
 
     project.sweep.storage.HEARTBEAT_INTERVAL_S, project.sweep.storage.GRACE_PERIOD_S = 1, 3
-    sys.modules["project.sweep.check"] = types.SimpleNamespace(
-        check_inputs=lambda *args: ("val/loss", "minimize", {})
-    )
+    checked = tuple(json.loads(os.environ["STUB_TRIALS_CHECK"]))
+    sys.modules["project.sweep.check"] = types.SimpleNamespace(check_inputs=lambda *args: checked)
     project.sweep.worker.fit_command = lambda configs, overlay, run_dir: [
         sys.executable,
         "-c",
