@@ -1,4 +1,5 @@
-"""A callback the DDP tests add to a real run: it records what each rank saw, and can make one rank fail."""
+"""Callbacks the DDP tests add to a real run: SampleProbe records what each rank saw and can make one rank fail;
+KillAt SIGKILLs a rank at a forced moment (tests/test_torchrun_restart.py, tests/test_ddp.py)."""
 
 import json
 import os
@@ -40,7 +41,13 @@ class SampleProbe(Callback):
         if dist.is_available() and dist.is_initialized():
             backend = dist.group.WORLD._get_backend(torch.device("cpu"))  # gloo's options carry the timeout
             self.record["pg_timeout_s"] = backend.options._timeout.total_seconds()
-        if trainer.global_rank == 0:  # the starting weights, for the single-process replay
+        if (
+            self.out / f"rank{trainer.global_rank}.json"
+        ).exists():  # a restarted rank: the epochs before its own
+            self.record["train_epochs"] = json.loads(
+                (self.out / f"rank{trainer.global_rank}.json").read_text()
+            )["train_epochs"]
+        elif trainer.global_rank == 0:  # the starting weights, for the single-process replay
             torch.save(
                 {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}, self.out / "init.pt"
             )
@@ -56,6 +63,8 @@ class SampleProbe(Callback):
         # The training loader's EpochShard (kept by Lightning, not wrapped), already set_epoch()-ed for this epoch.
         sampler = loader.sampler
         consumed = len(loader) * loader.batch_size  # drop_last: the tail of the shard is never read
+        # An epoch a restarted rank trains again replaces the record of the attempt that died in it.
+        self.record["train_epochs"] = [e for e in self.record["train_epochs"] if e["epoch"] < sampler.epoch]
         self.record["train_epochs"].append(
             {
                 "epoch": int(sampler.epoch),
@@ -72,6 +81,11 @@ class SampleProbe(Callback):
             )
         if trainer.global_step == self.usr1_step:
             os.kill(os.getpid(), signal.SIGUSR1)  # Python runs the handler (Lightning's) before the next step
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Before the epoch's checkpoint (Lightning runs checkpoint callbacks last): what a rank killed while it is
+        # written had seen stays on disk.
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.record))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Callbacks run before the module's hook, so the metric states are still this rank's own, unsynced.
@@ -119,3 +133,58 @@ class PlainCNN(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class KillAt(Callback):
+    """SIGKILLs a rank at the first of `phases` not yet in the file `marker`, from epoch 1 on (after a checkpoint):
+    `step` (rank 1, at the end of batch 1), `validation` (rank 1, at a validation batch's start), `checkpoint`
+    (rank 0, the one writer: its checkpoint written into atomic_write's temporary file, not yet renamed). The phase
+    goes into `marker` first, so each fires once and the restarted group moves on to the next; each process start
+    is a line `start <rank>` in `<marker>.starts`."""
+
+    def __init__(self, marker: str, phases: list[str]) -> None:
+        self.marker, self.phases = Path(marker), phases
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        done = self.marker.read_text().split() if self.marker.exists() else []
+        self.due = next((p for p in self.phases if p not in done), None)
+        with open(f"{self.marker}.starts", "a") as f:
+            f.write(f"start {trainer.global_rank}\n")
+        io = trainer.strategy.checkpoint_io
+        if self.due == "checkpoint" and trainer.global_rank == 0:
+            save = io.save_checkpoint
+
+            def save_and_die(checkpoint, path, storage_options=None):
+                if trainer.current_epoch >= 1:
+                    real = torch.save
+
+                    def written_then_killed(obj, f, *args, **kwargs):
+                        real(obj, f, *args, **kwargs)
+                        f.flush()
+                        self.kill("checkpoint")
+
+                    torch.save = written_then_killed
+                save(checkpoint, path, storage_options)
+
+            io.save_checkpoint = save_and_die
+
+    def kill(self, phase: str) -> None:
+        with open(self.marker, "a") as f:
+            f.write(f"{phase}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.due == "step" and trainer.global_rank == 1 and trainer.current_epoch >= 1 and batch_idx == 1:
+            self.kill("step")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.due == "validation" and trainer.global_rank == 1 and trainer.current_epoch >= 1:
+            if not trainer.sanity_checking:
+                self.kill("validation")
+
+
+def killing(marker: Path, phases: list[str]) -> list[str]:
+    return ["--trainer.callbacks+=tests.ddp_probe.KillAt", f"--trainer.callbacks.marker={marker}",
+            f"--trainer.callbacks.phases=[{','.join(phases)}]"]  # fmt: skip

@@ -1,11 +1,11 @@
 """The README's commands, typed as a user types them, each as its own process in a fresh checkout.
 
-`make train`, `make train-ddp`, `make resume`, `make predict`, `make export`, `make doctor`, `make help`, the data
-and model flags and the recipes run with the default configs: Rich progress bar, model summary, TensorBoard + CSV,
-report, summary and every callback of configs/default.yaml stay on. Only epochs and batch limits shrink, appended
-to the command's ARGS. (The bar is what crashed `make train-ddp` on rank 1 while every in-process test passed
-with --trainer.enable_progress_bar false.) Single-process commands get OMP_NUM_THREADS=1, as several run at once
-(see launch_single); the DDP ones run without it, as a shell starts them.
+`make train`, `make resume`, `make predict`, `make export`, `make doctor`, `make help`, the data and model flags
+and the recipes run with the default configs: Rich progress bar, model summary, TensorBoard + CSV, report, summary
+and every callback of configs/default.yaml stay on. Only epochs and batch limits shrink, appended to the command's
+ARGS. (The bar is what crashed `make train-ddp` on rank 1 while every in-process test passed with
+--trainer.enable_progress_bar false: tests/test_ddp.py types it in a terminal.) The commands get
+OMP_NUM_THREADS=1, as several run at once (see launch_single).
 
 The commands are read from README.md: every line of its ```bash blocks is in COMMANDS below, with the test that
 runs it or the reason it is not run here, and each test looks its command up by its exact text. A command
@@ -39,7 +39,6 @@ from tests.conftest import (
     launch,
     make_argv,
     modules_at_exit,
-    screen,
     user_checkout,
 )
 
@@ -121,12 +120,12 @@ COMMANDS = {
     'make train ARGS="--data project.data.StreamingDataModule --data.init_args.input_dir s3://my-bucket/pets"': "not "
     "run here: tests/test_streaming.py (test_readme_s3_commands) runs it as typed, one epoch, from moto's server",
     EVALUATE: "not run here: tests/test_cli.py runs the same `python -m project test` arguments in-process",
-    "make train-ddp": "test_train_ddp_in_a_terminal",
+    "make train-ddp": "not run here: tests/test_ddp.py types the same target with the ARGS of the line below",
     'make train-ddp NPROC=4 ARGS="--trainer.max_epochs 5"': "test_make_help (with make -n: 4 processes do not fit "
-    "2 cores; NPROC=2 runs in test_train_ddp_in_a_terminal)",
+    "2 cores; NPROC=2 runs in tests/test_ddp.py)",
     'make train-ddp ARGS="--model.init_args.lr_scaling linear"': "not run here: tests/test_ddp.py "
-    "(test_make_train_ddp_two_cpu_processes) types it in a fresh checkout, piped with TERM=dumb, 2 epochs, with the "
-    "DDP probe callback",
+    "(test_make_train_ddp_two_cpu_processes_in_a_terminal) types it in a terminal in a fresh checkout, 2 epochs, "
+    "with the DDP probe callback",
     TORCHRUN.format(0): "not run here: two machines (tests/test_ddp.py runs two torchrun.sh nodes on one)",
     TORCHRUN.format(1): "not run here: two machines (tests/test_ddp.py runs two torchrun.sh nodes on one)",
     "make resume": "test_resume",
@@ -172,13 +171,8 @@ COMMANDS = {
     "typed, in a fresh checkout",
 }
 
-# Only epochs and batch limits shrink (appended to ARGS).
+# Only epochs shrink (appended to ARGS).
 ONE_EPOCH = ("--trainer.max_epochs 1",)
-FEW_BATCHES = (
-    "--trainer.limit_train_batches 4",
-    "--trainer.limit_val_batches 2",
-    "--trainer.limit_test_batches 2",
-)
 # No network, whatever the machine: downloads fail at once (the discard port of this host) instead of fetching.
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
 OFFLINE |= {k.upper(): v for k, v in OFFLINE.items()}
@@ -237,20 +231,11 @@ def write_images(root: Path, per_class: int = 50) -> Path:
 
 # Several commands run at once here, on as few as 2 cores: a single-process command gets one intra-op thread, so
 # that 3 processes do not spin 6 threads on 2 cores (on shared cores a second thread mostly waits for a busy core,
-# and nearly doubles the CPU time of the session's `make train`). The DDP
-# commands run as a user's shell starts them, without OMP_NUM_THREADS, so that their default split of the cores
-# between the processes is what runs.
-USER_THREADS = {"OMP_NUM_THREADS": None}
+# and nearly doubles the CPU time of the session's `make train`).
 
 
 def launch_single(argv: list[str], checkout: Path, env: dict | None = None) -> Launch:
     return launch(argv, checkout, env={"OMP_NUM_THREADS": "1", **(env or {})})
-
-
-def launch_ddp_terminal(checkout: Path) -> Launch:
-    # Someone typing the command: a terminal (the bar redraws live on rank 0), TERM of a colour terminal.
-    argv = make_argv(readme_command("make train-ddp"), *ONE_EPOCH, *FEW_BATCHES)
-    return launch(argv, checkout, env={"TERM": "xterm-256color", **USER_THREADS}, terminal=True)
 
 
 def launch_preset_then_resume(checkout: Path) -> list[tuple[Launch, dict]]:
@@ -331,7 +316,6 @@ def launch_help(checkout: Path) -> list[Launch]:
 
 # name -> (what starts it, whether it runs on a copy of the session's finished run). Listed longest first.
 LAUNCHES = {
-    "ddp_terminal": (launch_ddp_terminal, False),
     "preset_then_resume": (launch_preset_then_resume, False),
     "imagefolder": (launch_imagefolder, False),
     "own_model": (launch_own_model, False),
@@ -409,28 +393,6 @@ def check_run(result: Launch) -> Path:
     return runs[0]
 
 
-def ddp_line(peak_lr: float) -> str:
-    # Per-device batch 64 (configs/default.yaml) x 2 processes; lr 0.003, times 2 with lr_scaling linear.
-    return (
-        "DDPStrategy: world size 2 = 2 per node x 1 node, CPU processes with gloo (no GPU in use). "
-        f"Per-device batch 64, effective global batch 128. Peak lr {peak_lr:g}."
-    )
-
-
-def check_ddp(result: Launch, peak_lr: float) -> Path:
-    run = check_run(result)
-    summary = summary_of(run)
-    assert (summary["epochs"], summary["global_step"]) == (1, 4), summary  # 1 epoch x limit_train_batches 4
-    assert 0.0 <= summary["test_acc"] <= 1.0 and summary["best_checkpoint"], summary
-    # Rank 0 speaks for the run: the world line, the summary table and the run directory once each, and rank 1,
-    # which had no warning or error to report, prints nothing (what it prints carries "[rank 1]").
-    assert [line for line in result.lines() if "world size" in line] == [ddp_line(peak_lr)], result
-    assert result.output.count("Run summary") == 1 and result.output.count("Run directory:") == 1, result
-    # Neither "[rank 1]" (this template's prefix) nor "[rank: 1]" / "GLOBAL_RANK: 1" (Lightning's).
-    assert not re.search(r"rank\W{0,2}1\b", result.output, re.I), result
-    return run
-
-
 # -- make train and the files it leaves --------------------------------------------------------------------------
 
 
@@ -451,6 +413,9 @@ def test_make_train(finished_run: FinishedRun):
     assert result.lines()[0] == command, result
     bars = re.findall(r"^Epoch 1/1\b.*━.* (\d+)/(\d+) ", result.stdout, re.M)  # the bar's last state
     assert bars and bars[-1][0] == bars[-1][1], result
+    assert "\x1b[?25l" not in result.output, (
+        result
+    )  # piped: no live redraws of the bar (tests/test_ddp.py: a terminal)
     lines = result.lines()
     table = lines[max(i for i, line in enumerate(lines) if "Run summary" in line) : -1]
     assert any("test_acc " in line for line in table), result
@@ -497,22 +462,6 @@ def test_report(finished_run: FinishedRun):
         image.load()
         # RunReport's defaults: a 15 x 10 inch figure at dpi 80.
         assert (image.format, image.size) == ("PNG", (15 * 80, 10 * 80))
-
-
-# -- make train-ddp in a terminal (piped with TERM=dumb: tests/test_ddp.py) ----------------------------------
-
-
-@pytest.mark.claim("ddp-make-train-ddp", "ddp-rank-zero-writes")
-@needs("ddp_terminal")
-def test_train_ddp_in_a_terminal(launched):
-    result = launched["ddp_terminal"]
-    run = check_ddp(result, peak_lr=0.003)
-    # The bar was drawn live (Rich hides the cursor while it redraws), so the terminal path ran on rank 0.
-    assert "\x1b[?25l" in result.raw, result
-    # What stays on screen: rank 0's one bar for the epoch, and the run directory on the last line.
-    lines = screen(result.raw)
-    assert lines[-1] == f"Run directory: runs/{run.name}", "\n".join(lines[-20:])
-    assert len([line for line in lines if line.startswith("Epoch 0/0")]) == 1, "\n".join(lines)
 
 
 # -- Never lose a run ----------------------------------------------------------------------------------------------

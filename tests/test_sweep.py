@@ -240,7 +240,9 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
 @pytest.mark.claim("sweep-many-machines")
 def test_slurm_array_worker_with_a_journal_storage(tmp_path):
     """scripts/sweep_slurm.sbatch as an array task runs it (no sbatch needed: the script is bash): without
-    --storage it refuses; with a journal file it runs a worker whose trial process reports its epochs there."""
+    --storage it refuses; with a journal file it runs a worker whose trial process reports its epochs there. The
+    input check is a stub (tests/stub_trials/sitecustomize.py; test_sweep_input.py checks the real one), the
+    trial a real run."""
     checkout = user_checkout(tmp_path / "clone")
     space = write_space(
         tmp_path / "t.yaml",
@@ -251,6 +253,9 @@ def test_slurm_array_worker_with_a_journal_storage(tmp_path):
     script = ["bash", "scripts/sweep_slurm.sbatch", "--space", str(space), "--dir", "runs/sweeps/t"]
     # PY: the environment's python, as a job script gets it from an activated environment
     env = {**THREADS, "SLURM_ARRAY_TASK_ID": "3", "SLURM_SUBMIT_DIR": str(checkout), "PY": sys.executable}
+    env |= stub_environment(
+        None
+    )  # val/loss, minimize, no base trial: what the real check finds for this space
     refused = launch(script, checkout, env=env, timeout=60)
     assert refused.returncode == 2 and "--storage" in refused.stderr, str(refused)
     journal = tmp_path / "shared" / "study.journal"

@@ -4,7 +4,8 @@ trial trains, start real `python -m project sweep` processes with it (tests/test
 There (workers included) the input check returns STUB_TRIALS_CHECK (JSON: metric, direction, the base config's
 values), and a trial starts in a fraction of a second instead of importing Lightning: it writes its run directory's
 config.yaml (it is running), waits while the file STUB_TRIALS_HOLD exists, then writes a summary.json and exits 0.
-A worker's heartbeat comes every second, and a dead worker's trial is stale after 3 s instead of 20.
+A worker's heartbeat comes every second, and a dead worker's trial is stale after 3 s instead of 20. With
+STUB_TRIALS_CHECK alone (stub_environment(None)) only the input check is a stub: the trials are real runs.
 """
 
 import json
@@ -24,20 +25,24 @@ while hold.exists():
 
 
 def stub_environment(hold, checked=("val/loss", "minimize", {})) -> dict[str, str]:
-    """The variables that turn the stubs on: trials run while the file `hold` exists; the check returns `checked`."""
+    """The variables that turn the stubs on: trials run while the file `hold` exists (None: real trials); the
+    check returns `checked`."""
     here = os.path.dirname(os.path.abspath(__file__))
-    return {"PYTHONPATH": here, "STUB_TRIALS_HOLD": str(hold), "STUB_TRIALS_CHECK": json.dumps(list(checked))}
+    hold = {"STUB_TRIALS_HOLD": str(hold)} if hold else {}
+    return {"PYTHONPATH": here, **hold, "STUB_TRIALS_CHECK": json.dumps(list(checked))}
 
 
-if hold := os.environ.get("STUB_TRIALS_HOLD"):
+if checked := os.environ.get("STUB_TRIALS_CHECK"):
     import types
 
+    sys.modules["project.sweep.check"] = types.SimpleNamespace(
+        check_inputs=lambda *args: tuple(json.loads(checked))
+    )
+if hold := os.environ.get("STUB_TRIALS_HOLD"):
     import project.sweep.storage
     import project.sweep.worker
 
     project.sweep.storage.HEARTBEAT_INTERVAL_S, project.sweep.storage.GRACE_PERIOD_S = 1, 3
-    checked = tuple(json.loads(os.environ["STUB_TRIALS_CHECK"]))
-    sys.modules["project.sweep.check"] = types.SimpleNamespace(check_inputs=lambda *args: checked)
     project.sweep.worker.fit_command = lambda configs, overlay, run_dir: [
         sys.executable,
         "-c",
