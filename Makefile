@@ -100,7 +100,7 @@ resume: $(STAMP)  ## continue the most recent run as it was started (its config.
 	$(PY) -m project fit $(if $(filter command line environment,$(origin CONFIG)),--config $(CONFIG)) --ckpt_path last $(ARGS)
 
 test: $(STAMP)  ## run the test suite in TEST_WORKERS processes (extra pytest flags: ARGS="...")
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 mutants: $(STAMP)  ## plant each known bug (tests/mutants/*.patch) in a copy: its claims' tests must fail (ARGS: names, --list)
 	$(PY) tests/tools/mutate.py $(ARGS)

@@ -67,24 +67,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # The longest files first, in the order `pytest --durations` puts them (rerun it to reorder): `make test` runs two
-# pytest-xdist workers that take whole files in this order, so the long ones start at once instead of ending the
-# run on one core. What makes each one long:
+# pytest-xdist workers that take whole files in this order (--no-loadscope-reorder: xdist's default order is the
+# most tests first, which left the multi-process files of few tests to end the run on one core). What makes each
+# one long:
 LONGEST_FIRST = (
     "test_sweep.py",  # real sweeps: every trial a `python -m project fit` process of its own
-    "test_torchrun_restart.py",  # a 2-rank job killed and restarted 3 times beside an undisturbed one; 2 agents
-    "test_readme.py",  # the README's commands, each a process of its own in a fresh checkout
+    "test_torchrun_restart.py",  # a 2-rank job killed and restarted 3 times beside an undisturbed one
+    "test_ddp.py",  # three multi-process launches, one of two torchrun nodes restarted once
     "test_streaming.py",  # one training process, moto's server, in-process prepares and a fit
-    "test_ddp.py",  # three multi-process launches
-    "test_gpu_check.py",  # the GPU check's CPU dry run (`make bench`'s smoke run too) and the pieces it relies on
+    "test_readme.py",  # the README's commands, each a process of its own in a fresh checkout
     "test_sweep_storage.py",  # workers started at once on each storage, killed workers
     "test_any_dataset.py",  # one README launch, one 2-process launch, 3 in-process fits
+    "test_gpu_check.py",  # the GPU check's CPU dry run (`make bench`'s smoke run too) and the pieces it relies on
     "test_ddp_slurm.py",  # scripts/slurm.sbatch under stand-in SLURM commands
+    "test_torchvision_heads.py",  # a forward pass of every torchvision classifier on the meta device
+    "test_bad_input.py",  # one in-process run per bad input
     "test_sweep_input.py",  # refused and corrected sweeps; one dry run
-    "test_run_continues.py",  # the starting command re-run after a kill, a finish, a death, a change
+    "test_cli.py",  # in-process fits, end to end
+    "test_resume.py",  # in-process runs stopped and resumed
     "test_streaming_ddp.py",  # three 2-rank runs, the ranks forked from pytest, and a prepare
     "test_checkpoint_s3.py",  # three fits against moto, one killed mid-upload
+    "test_run_continues.py",  # the starting command re-run after a kill, a finish, a death, a change
     "test_resume_kill.py",  # 3 kill -9s; the runs are forks of pytest, no imports
-    "test_cli.py",  # in-process fits, end to end
 )
 
 

@@ -2,12 +2,13 @@
 
 The crafted checkpoints below are real ones whose stored hyperparameters name `untrusted_payload`, a module on
 PYTHONPATH that writes a file when it is imported: that file must never appear, and the command must end with one
-paragraph that names the flag. `python -m project predict/export` run as processes, as a user types them.
+paragraph that names the flag. `python -m project predict/export` run in this process, the payload's folder on
+sys.path and the module not yet imported (asserted), so that the marker tells whether it was.
 """
 
 import copy
-import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 from project.checkpoint import check_class_paths, read_checkpoint
 from project.errors import ConfigError
 from project.inference import build_model, load_model
-from tests.conftest import REPO, launch
+from tests.conftest import run_cli
 from tests.trained_run import trained_run
 
 PAYLOAD = "untrusted_payload"
@@ -36,7 +37,8 @@ def payload(tmp_path):
         f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
         "from project.models import ConvNet as Model\n"
     )
-    return folder, marker
+    yield folder, marker
+    sys.modules.pop(PAYLOAD, None)  # imported where a test allows it: the next test starts without it
 
 
 def _crafted(run_dir: Path, tmp_path: Path, edit) -> tuple[Path, dict]:
@@ -52,9 +54,18 @@ def _nested_model(checkpoint: dict) -> None:
     checkpoint["hyper_parameters"]["model"]["class_path"] = f"{PAYLOAD}.Model"
 
 
-def _tool(argv: list[str], pythonpath: Path, tmp_path: Path):
-    env = {"PYTHONPATH": os.pathsep.join([str(pythonpath), str(REPO)]), "OMP_NUM_THREADS": "1"}
-    return launch([sys.executable, "-m", "project", *map(str, argv)], tmp_path, env=env, timeout=120)
+@dataclass
+class Tool:
+    returncode: int
+    stderr: str
+
+
+def _tool(argv: list, capsys) -> Tool:
+    """`python -m project ARGV` in this process: its exit code and what it printed on stderr."""
+    assert PAYLOAD not in sys.modules
+    capsys.readouterr()
+    code = run_cli(*argv)
+    return Tool(code, capsys.readouterr().err.split("Loading torch and Lightning...\n")[-1])
 
 
 def _one_paragraph(stderr: str) -> str:
@@ -63,10 +74,15 @@ def _one_paragraph(stderr: str) -> str:
     return text
 
 
-@pytest.mark.slow  # three processes
 @pytest.mark.claim("checkpoint-names-no-code")
-def test_predict_and_export_refuse_a_class_the_checkpoint_names(run_dir, payload, tmp_path):
+def test_predict_and_export_refuse_a_class_the_checkpoint_names(
+    run_dir, payload, tmp_path, monkeypatch, capsys
+):
     folder, marker = payload
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(
+        sys.modules, PAYLOAD, raising=False
+    )  # imported by the allowed run below: removed after
     images = tmp_path / "images"
     images.mkdir()
     from PIL import Image
@@ -79,7 +95,7 @@ def test_predict_and_export_refuse_a_class_the_checkpoint_names(run_dir, payload
     )
 
     predict = _tool(
-        ["predict", "--ckpt_path", ckpt, "--input", images, "--output", tmp_path / "p.csv"], folder, tmp_path
+        ["predict", "--ckpt_path", ckpt, "--input", images, "--output", tmp_path / "p.csv"], capsys
     )
     assert predict.returncode == 2, predict
     assert not marker.exists()  # the payload was never imported
@@ -88,7 +104,7 @@ def test_predict_and_export_refuse_a_class_the_checkpoint_names(run_dir, payload
     assert f"--allow_class {PAYLOAD}.Model" in paragraph  # the fix
     assert not (tmp_path / "p.csv").exists()
 
-    export = _tool(["export", "--ckpt_path", ckpt, "--out_dir", tmp_path / "export"], folder, tmp_path)
+    export = _tool(["export", "--ckpt_path", ckpt, "--out_dir", tmp_path / "export"], capsys)
     assert export.returncode == 2, export
     assert not marker.exists()
     assert f"--allow_class {PAYLOAD}.Model" in _one_paragraph(export.stderr)
@@ -98,8 +114,7 @@ def test_predict_and_export_refuse_a_class_the_checkpoint_names(run_dir, payload
     allowed = _tool(
         ["predict", "--ckpt_path", ckpt, "--input", images, "--output", tmp_path / "p.csv"]
         + ["--allow_class", PAYLOAD],
-        folder,
-        tmp_path,
+        capsys,
     )
     assert allowed.returncode == 0, allowed
     assert marker.exists() and (tmp_path / "p.csv").exists()
