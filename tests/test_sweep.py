@@ -1,8 +1,10 @@
 """`make sweep`: an Optuna study whose trials are `make train` runs (project/sweep/), offline, on CPU.
 
 Real sweeps cover the README's claims, each trial a real `python -m project fit` process with the default configs
-(progress bar, loggers, every callback on); only epochs and batch limits shrink, in the test's sweep file. The killed
-sweep, whose subject is the workers' bookkeeping, runs stub trials (tests/stub_trials/sitecustomize.py). Every
+(progress bar, loggers, every callback on); only epochs and batch limits shrink, in the test's sweep file. Their
+input check (keys, values, the metric's dry run) is a stub returning what the real one finds for these sweep files
+(tests/stub_trials/sitecustomize.py): tests/test_sweep_input.py runs the real one. The killed sweep, whose subject
+is the workers' bookkeeping, runs stub trials too. Every
 process runs with OMP_NUM_THREADS=1: the best trial's re-run must use the trials' thread count to give the same bits,
 and several processes share 2 cores here.
 """
@@ -102,7 +104,7 @@ def test_sweep_results_failed_and_pruned_trials_and_best_rerun(tmp_path, monkeyp
     run = launch(
         make_argv(f"make sweep SPACE={space}", "--dir runs/sweeps/t"),
         checkout,
-        env=THREADS,
+        env={**THREADS, **stub_environment(None)},  # val/loss, minimize, no base trial (enqueue_base false)
         timeout=SWEEP_TIMEOUT,
     )
     assert run.returncode == 0, str(run)
@@ -241,8 +243,7 @@ def test_killed_sweep_resumes_with_the_same_command(tmp_path):
 def test_slurm_array_worker_with_a_journal_storage(tmp_path):
     """scripts/sweep_slurm.sbatch as an array task runs it (no sbatch needed: the script is bash): without
     --storage it refuses; with a journal file it runs a worker whose trial process reports its epochs there. The
-    input check is a stub (tests/stub_trials/sitecustomize.py; test_sweep_input.py checks the real one), the
-    trial a real run."""
+    input check is a stub, the trial a real run."""
     checkout = user_checkout(tmp_path / "clone")
     space = write_space(
         tmp_path / "t.yaml",
