@@ -66,7 +66,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The longest files first, in the order `pytest --durations` puts them (rerun it to reorder): `make test` runs two
+# The longest files first, by their CPU and wall time (tests/tools/cpu_usage.py measures both): `make test` runs two
 # pytest-xdist workers that take whole files in this order (--no-loadscope-reorder: xdist's default order is the
 # most tests first, which left the multi-process files of few tests to end the run on one core). What makes each
 # one long:
