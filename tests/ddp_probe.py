@@ -41,12 +41,8 @@ class SampleProbe(Callback):
         if dist.is_available() and dist.is_initialized():
             backend = dist.group.WORLD._get_backend(torch.device("cpu"))  # gloo's options carry the timeout
             self.record["pg_timeout_s"] = backend.options._timeout.total_seconds()
-        if (
-            self.out / f"rank{trainer.global_rank}.json"
-        ).exists():  # a restarted rank: the epochs before its own
-            self.record["train_epochs"] = json.loads(
-                (self.out / f"rank{trainer.global_rank}.json").read_text()
-            )["train_epochs"]
+        if self._file(trainer).exists():  # a restarted rank: the epochs before its own
+            self.record["train_epochs"] = json.loads(self._file(trainer).read_text())["train_epochs"]
         elif trainer.global_rank == 0:  # the starting weights, for the single-process replay
             torch.save(
                 {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}, self.out / "init.pt"
@@ -85,7 +81,7 @@ class SampleProbe(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Before the epoch's checkpoint (Lightning runs checkpoint callbacks last): what a rank killed while it is
         # written had seen stays on disk.
-        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.record))
+        self._write(trainer)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Callbacks run before the module's hook, so the metric states are still this rank's own, unsynced.
@@ -94,10 +90,16 @@ class SampleProbe(Callback):
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.record["test"].append(self._eval(trainer.test_dataloaders, pl_module.test_loss))
-        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.record))
+        self._write(trainer)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.record))
+        self._write(trainer)
+
+    def _file(self, trainer: L.Trainer) -> Path:
+        return self.out / f"rank{trainer.global_rank}.json"
+
+    def _write(self, trainer: L.Trainer) -> None:
+        self._file(trainer).write_text(json.dumps(self.record))
 
     @staticmethod
     def _eval(loader, loss_metric) -> dict:

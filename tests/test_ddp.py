@@ -2,9 +2,9 @@
 
 Three launches in all, each asserting several facts, because every process spends seconds importing torch:
   1. `make train-ddp ARGS="--model.init_args.lr_scaling linear"` typed in a terminal in a fresh checkout, 2
-     processes: rank 0's live bar and what stays on screen, one run directory, rank-0-only files, sharding and per-epoch reshuffling, every val/test sample counted
-     exactly once, lr x 2 on both ranks, cores split between the processes, configs/ddp.yaml's collective
-     timeout in the process group.
+     processes: rank 0's live bar and what stays on screen, one run directory, rank-0-only files, sharding and
+     per-epoch reshuffling, every val/test sample counted exactly once, lr x 2 on both ranks, cores split between
+     the processes, configs/ddp.yaml's collective timeout in the process group.
   2. two `scripts/torchrun.sh` "nodes" on this machine, tensors on the host (each rank's EpochShard, which
      Lightning keeps): they train together on disjoint reshuffled shards, each rank its slice of the (seed, epoch)
      permutation; rank 0 is killed writing a checkpoint and both nodes restart and continue; their final weights

@@ -413,9 +413,8 @@ def test_make_train(finished_run: FinishedRun):
     assert result.lines()[0] == command, result
     bars = re.findall(r"^Epoch 1/1\b.*━.* (\d+)/(\d+) ", result.stdout, re.M)  # the bar's last state
     assert bars and bars[-1][0] == bars[-1][1], result
-    assert "\x1b[?25l" not in result.output, (
-        result
-    )  # piped: no live redraws of the bar (tests/test_ddp.py: a terminal)
+    # Piped: no live redraws of the bar (tests/test_ddp.py types `make train-ddp` in a terminal).
+    assert "\x1b[?25l" not in result.output, result
     lines = result.lines()
     table = lines[max(i for i, line in enumerate(lines) if "Run summary" in line) : -1]
     assert any("test_acc " in line for line in table), result

@@ -4,9 +4,8 @@ Real sweeps cover the README's claims, each trial a real `python -m project fit`
 (progress bar, loggers, every callback on); only epochs and batch limits shrink, in the test's sweep file. Their
 input check (keys, values, the metric's dry run) is a stub returning what the real one finds for these sweep files
 (tests/stub_trials/sitecustomize.py): tests/test_sweep_input.py runs the real one. The killed sweep, whose subject
-is the workers' bookkeeping, runs stub trials too. Every
-process runs with OMP_NUM_THREADS=1: the best trial's re-run must use the trials' thread count to give the same bits,
-and several processes share 2 cores here.
+is the workers' bookkeeping, runs stub trials too. Every process runs with OMP_NUM_THREADS=1: the best trial's re-run
+must use the trials' thread count to give the same bits, and several processes share 2 cores here.
 """
 
 import os
@@ -254,9 +253,8 @@ def test_slurm_array_worker_with_a_journal_storage(tmp_path):
     script = ["bash", "scripts/sweep_slurm.sbatch", "--space", str(space), "--dir", "runs/sweeps/t"]
     # PY: the environment's python, as a job script gets it from an activated environment
     env = {**THREADS, "SLURM_ARRAY_TASK_ID": "3", "SLURM_SUBMIT_DIR": str(checkout), "PY": sys.executable}
-    env |= stub_environment(
-        None
-    )  # val/loss, minimize, no base trial: what the real check finds for this space
+    # The stub check's val/loss, minimize, no base trial: what the real check finds for this space.
+    env |= stub_environment(None)
     refused = launch(script, checkout, env=env, timeout=60)
     assert refused.returncode == 2 and "--storage" in refused.stderr, str(refused)
     journal = tmp_path / "shared" / "study.journal"
