@@ -65,6 +65,7 @@ class SampleProbe(Callback):
             {
                 "epoch": int(sampler.epoch),
                 "sampler": type(sampler).__name__,
+                "dataset": len(sampler.dataset),
                 "indices": list(sampler)[:consumed],
             }
         )

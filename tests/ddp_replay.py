@@ -13,10 +13,13 @@ One process fed the concatenated batch (b0 + b1, batch 2B) computes the same gra
 its kernels sum over 64 samples in another order, so it drifts by rounding. The tests print that figure.
 """
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import lightning as L
 import torch
+import yaml
 from torch import Tensor
 
 
@@ -104,3 +107,49 @@ def weight_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[list[
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     diff = max(((a[k].double() - b[k].double()).abs().max().item() for k in differ), default=0.0)
     return differ, diff
+
+
+def ranks(probe_dir: Path) -> list[dict]:
+    """What tests/ddp_probe.py's SampleProbe recorded on ranks 0 and 1."""
+    return [json.loads((probe_dir / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def replay_inputs(run_dir: Path) -> tuple[Tensor, Tensor, dict]:
+    """The DDP run's training set as its DataLoader path hands it out (a batch = torch.stack of samples, which
+    default_collate does, then the data module's per-batch normalisation, elementwise), and the run's trainer
+    settings that shape an update (precision, determinism, clipping, accumulation)."""
+    from project.data import ImageClassificationDataModule
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    data = ImageClassificationDataModule(**config["data"]["init_args"])
+    data.setup("fit")
+    samples = [data.train_set[i] for i in range(len(data.train_set))]
+    x, y = torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+    x, y = data.on_after_batch_transfer(
+        (x, y), 0
+    )  # normalised as each batch was (no augmentation in this run)
+    keys = (
+        "precision",
+        "deterministic",
+        "gradient_clip_val",
+        "gradient_clip_algorithm",
+        "accumulate_grad_batches",
+    )
+    return x, y, {k: config["trainer"][k] for k in keys}
+
+
+def replay_run(
+    run_dir: Path, init: dict, recorded: list, batch_size: int, joined: bool = False
+) -> tuple[dict, int]:
+    """A 2-rank run of ClassificationModule replayed in one process from rank 0's starting weights `init`, on each
+    rank's `recorded` per-epoch indices, one thread as each rank had: (final state_dict, global step). Interleaved
+    and accumulated (bit-identical to DDP), or `joined` into one batch per step (equal up to rounding)."""
+    from project.module import ClassificationModule
+
+    x, y, trainer_kwargs = replay_inputs(run_dir)
+    accumulate = trainer_kwargs.pop("accumulate_grad_batches") or 1
+    module = ClassificationModule.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    module.load_state_dict(init)
+    epochs = (concatenated if joined else interleaved)(recorded, batch_size)
+    trainer = replay(module, x, y, epochs, accumulate * (1 if joined else 2), trainer_kwargs, threads=1)
+    return module.state_dict(), trainer.global_step

@@ -39,7 +39,7 @@ from tests.ddp_processes import (
     group_processes,
     start,
 )
-from tests.ddp_replay import concatenated, interleaved, replay, weight_difference
+from tests.ddp_replay import ranks, replay_run, weight_difference
 
 pytestmark = pytest.mark.ddp
 
@@ -52,10 +52,6 @@ ODD_SPLITS = ["--data.init_args.test_fraction", "0.2005", "--data.init_args.val_
 # rank and epoch: 20 full batches of 32 (drop_last), 640 samples; the rest fall to the equal-shards cut and drop_last.
 STEPS_PER_EPOCH, PER_RANK = 20, 640
 TRAIN_ODD_SPLITS, TRAIN_DEFAULT_SPLIT = 1291, 1293
-
-
-def ranks(probe_dir: Path) -> list[dict]:
-    return [json.loads((probe_dir / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def configured_lr() -> float:
@@ -193,30 +189,6 @@ def test_make_train_ddp_two_cpu_processes_in_a_terminal(tmp_path):
         assert a["counted"] + b["counted"] == size
 
 
-def replay_inputs(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """The DDP run's training set as its DataLoader path hands it out (a batch = torch.stack of samples, which
-    default_collate does, then the data module's per-batch normalisation, elementwise), and the run's trainer settings that shape an
-    update (precision, determinism, clipping, accumulation)."""
-    from project.data import ImageClassificationDataModule
-
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    data = ImageClassificationDataModule(**config["data"]["init_args"])
-    data.setup("fit")
-    samples = [data.train_set[i] for i in range(len(data.train_set))]
-    x, y = torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
-    x, y = data.on_after_batch_transfer(
-        (x, y), 0
-    )  # normalised as each batch was (no augmentation in this run)
-    keys = (
-        "precision",
-        "deterministic",
-        "gradient_clip_val",
-        "gradient_clip_algorithm",
-        "accumulate_grad_batches",
-    )
-    return x, y, {k: config["trainer"][k] for k in keys}
-
-
 @pytest.mark.claim(
     "ddp-torchrun-nodes",
     "ddp-one-run-dir",
@@ -323,29 +295,17 @@ def test_two_torchrun_nodes_train_together_restart_together_and_match_one_proces
 
     # The same computation in one process: batch 32, accumulate 2, rank 0's batch k then rank 1's batch k,
     # from rank 0's starting weights, on one thread as each rank had. Equal bit for bit (see tests/ddp_replay.py).
-    from project.module import ClassificationModule
-
-    last = run_dir / "checkpoints" / "last.ckpt"
-    ddp_final = torch.load(last, weights_only=False)["state_dict"]
+    ddp_final = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     init = torch.load(tmp_path / "probe" / "init.pt")
-    x, y, trainer_kwargs = replay_inputs(run_dir)
-    accumulate = trainer_kwargs.pop("accumulate_grad_batches") or 1
     recorded = [[e["indices"] for e in r["train_epochs"]] for r in (r0, r1)]
-
-    def replayed(epoch_batches, accumulate_batches) -> tuple[dict, int]:
-        module = ClassificationModule.load_from_checkpoint(last)
-        module.load_state_dict(init)
-        trainer = replay(module, x, y, epoch_batches, accumulate_batches, trainer_kwargs, threads=1)
-        return module.state_dict(), trainer.global_step
-
-    single, steps = replayed(interleaved(recorded, 32), 2 * accumulate)
+    single, steps = replay_run(run_dir, init, recorded, 32)
     differ, diff = weight_difference(single, ddp_final)
     assert steps == summary["global_step"]
     assert not differ, (
         f"DDP and its one-process replay differ after {steps} steps in {differ} (max {diff:.2e})"
     )
     # Reported, not asserted: one process fed the joined batch of 64 (exact in real arithmetic only).
-    _, big_diff = weight_difference(replayed(concatenated(recorded, 32), accumulate)[0], ddp_final)
+    _, big_diff = weight_difference(replay_run(run_dir, init, recorded, 32, joined=True)[0], ddp_final)
     print(
         f"\nDDP 2 x 32 = 1 process accumulating 2 x 32 bit for bit after {steps} steps; "
         f"vs 1 process x 64: max abs weight difference {big_diff:.2e}"

@@ -1,4 +1,6 @@
-"""The README's commands, typed as a user types them, each as its own process in a fresh checkout.
+"""The README's commands, typed as a user types them, each as its own process in a fresh checkout (`make doctor`
+and the offline CIFAR-10 line run in-process, from the command `make -n` prints: their process start is tested
+elsewhere).
 
 `make train`, `make resume`, `make predict`, `make export`, `make doctor`, `make help`, the data and model flags
 and the recipes run with the default configs: Rich progress bar, model summary, TensorBoard + CSV, report, summary
@@ -21,6 +23,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,6 +42,7 @@ from tests.conftest import (
     launch,
     make_argv,
     modules_at_exit,
+    run_cli,
     user_checkout,
 )
 
@@ -101,7 +105,7 @@ COMMANDS = {
     "make test": "not run here: it is this test suite (CI runs it: bash .ci/run)",
     'make train ARGS="--config mine.yaml"': "test_own_model",
     IMAGEFOLDER: "test_imagefolder",
-    CIFAR10: "test_cifar10_download_needs_network",
+    CIFAR10: "test_cifar10_download_needs_network (in-process: the command `make -n` prints)",
     'make train ARGS="--model lightning.pytorch.demos.BoringModel --data lightning.pytorch.demos.BoringDataModule"': "not run here: tests/test_any_module.py types it as shown (3 "
     "epochs) in a fresh checkout and asserts on its run",
     "make train CONFIG=configs/sequence.yaml": "not run here: tests/test_any_dataset.py types it as shown (3 epochs) "
@@ -140,7 +144,8 @@ COMMANDS = {
     "make train && xdg-open runs/<run>/report.png": "test_report (xdg-open is not run: no display)",
     "make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/": "test_predict",
     "make export CKPT=runs/<run>/checkpoints/last.ckpt": "test_export",
-    "make doctor": "test_doctor",
+    "make doctor": "test_doctor (in-process: the command `make -n` prints; tests/test_gpu_check.py's dry run "
+    "starts `python -m project doctor` as a process)",
     "make tensorboard": "not run here: tests/test_tensorboard.py runs it as typed (plus a free PORT) on the session's "
     "finished run and queries the server",
     PRESET: "test_debug_preset",
@@ -276,10 +281,6 @@ def launch_imagefolder(checkout: Path) -> Launch:
     return launch_single(make_argv(command, *ONE_EPOCH), checkout)
 
 
-def launch_cifar10_offline(checkout: Path) -> Launch:
-    return launch_single(make_argv(readme_command(CIFAR10)), checkout, env=OFFLINE)
-
-
 def launch_predict(checkout: Path, run: str) -> Launch:
     from PIL import Image
 
@@ -302,10 +303,6 @@ def launch_export(checkout: Path, run: str) -> Launch:
     )
 
 
-def launch_doctor(checkout: Path) -> Launch:
-    return launch_single(make_argv(readme_command("make doctor")), checkout)
-
-
 def launch_help(checkout: Path) -> list[Launch]:
     nproc4 = make_argv(readme_command('make train-ddp NPROC=4 ARGS="--trainer.max_epochs 5"'))
     return [
@@ -319,11 +316,9 @@ LAUNCHES = {
     "preset_then_resume": (launch_preset_then_resume, False),
     "imagefolder": (launch_imagefolder, False),
     "own_model": (launch_own_model, False),
-    "cifar10_offline": (launch_cifar10_offline, False),
     "help": (launch_help, False),
     "export": (launch_export, True),
     "predict": (launch_predict, True),
-    "doctor": (launch_doctor, False),
 }
 
 
@@ -369,6 +364,20 @@ def launched(request, tmp_path_factory) -> Launched:
         yield result
     finally:
         result.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def in_process(command: str, checkout: Path, monkeypatch) -> int:
+    """A README `make` line as `make -n` prints it, run in this process from `checkout`: the exit code. For
+    commands whose process start (seconds of imports) tests nothing another test's process does not."""
+    argv = make_argv(readme_command(command))
+    printed = subprocess.run(
+        [argv[0], "-n", *argv[1:]], cwd=checkout, capture_output=True, text=True, check=True
+    )
+    (line,) = printed.stdout.splitlines()
+    python, *args = shlex.split(line)
+    assert python == ".venv/bin/python" and args[:2] == ["-m", "project"], line
+    monkeypatch.chdir(checkout)
+    return run_cli(*args[2:])
 
 
 def summary_of(run: Path) -> dict:
@@ -527,17 +536,19 @@ def test_imagefolder(launched):
 
 
 @pytest.mark.claim("cifar10-download-offline")
-@needs("cifar10_offline")
-def test_cifar10_download_needs_network(launched):
-    result = launched["cifar10_offline"]
-    # 2 is make's code for a failed recipe; the recipe's own code is in make's last line.
-    assert result.returncode == 2, result
-    assert "make: *** [Makefile" in result.stderr and "Error 2" in result.stderr, result
-    assert "Traceback" not in result.output, result
-    message = " ".join(line for line in result.stderr.splitlines() if line.startswith("error:"))
+def test_cifar10_download_needs_network(tmp_path, monkeypatch, capsys):
+    for var, value in OFFLINE.items():
+        monkeypatch.setenv(var, value)
+    checkout = user_checkout(tmp_path)
+    assert in_process(CIFAR10, checkout, monkeypatch) == 2  # a user error's exit code; make adds "Error 2"
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    message = " ".join(line for line in err.splitlines() if line.startswith("error:"))
     assert "CIFAR10 train files were not found or are corrupt under 'data/cifar-10-batches-py'" in message
     assert "The download failed: is this machine online? Otherwise copy the files there by hand." in message
-    assert result.runs() == [], result  # bad input leaves no run directory behind
+    assert not (checkout / "runs").exists() or not list(
+        (checkout / "runs").iterdir()
+    )  # no run directory left
 
 
 # -- Recipes -------------------------------------------------------------------------------------------------------
@@ -581,14 +592,12 @@ def test_export(launched):
 
 
 @pytest.mark.claim("doctor-verdict")
-@needs("doctor")
-def test_doctor(launched):
-    result = launched["doctor"]
-    assert result.returncode == 0, result
-    lines = result.lines()
-    assert lines[-1] == "doctor: ready for `make train`.", result
-    assert any(line.startswith("ok:") for line in lines), result
-    assert not any(line.startswith("problem:") for line in lines), result
+def test_doctor(tmp_path, monkeypatch, capsys):
+    assert in_process("make doctor", user_checkout(tmp_path), monkeypatch) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "doctor: ready for `make train`.", lines
+    assert any(line.startswith("ok:") for line in lines), lines
+    assert not any(line.startswith("problem:") for line in lines), lines
 
 
 @pytest.mark.claim("make-help-lists-targets")
