@@ -86,17 +86,6 @@ def test_fit_trains_tests_and_leaves_a_complete_run_directory(in_tmp, capsys):
     assert not [w for w in caught if "Experiment logs directory" in str(w.message)]
 
 
-@pytest.mark.claim("same-seed-same-accuracies")
-@pytest.mark.slow
-def test_same_seed_gives_identical_accuracies(in_tmp):
-    args = ["fit", *FAST, "--trainer.max_epochs", "2"]
-    assert run_cli(*args, "--run_dir", "runs/a") == 0
-    assert run_cli(*args, "--run_dir", "runs/b") == 0
-    a, b = read_summary(in_tmp / "runs/a"), read_summary(in_tmp / "runs/b")
-    keys = ["best_val_acc", "test_acc", "test_loss"]
-    assert [a[k] for k in keys] == [b[k] for k in keys]
-
-
 @pytest.mark.slow
 def test_fill_in_your_own_model_from_outside_the_package(in_tmp, monkeypatch):
     """A user writes an nn.Module anywhere importable and points the config at it; no package file changes."""
