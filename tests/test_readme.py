@@ -44,6 +44,7 @@ from tests.conftest import (
     modules_at_exit,
     run_cli,
     user_checkout,
+    user_environment,
 )
 
 # A guard for this process only: every launch has its own timeout (LAUNCH_TIMEOUT), and a test waits at most for
@@ -370,8 +371,14 @@ def in_process(command: str, checkout: Path, monkeypatch) -> int:
     """A README `make` line as `make -n` prints it, run in this process from `checkout`: the exit code. For
     commands whose process start (seconds of imports) tests nothing another test's process does not."""
     argv = make_argv(readme_command(command))
+    # user_environment: not `make test`'s MAKEFLAGS, whose ARGS would reach this make
     printed = subprocess.run(
-        [argv[0], "-n", *argv[1:]], cwd=checkout, capture_output=True, text=True, check=True
+        [argv[0], "-n", *argv[1:]],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=user_environment(),
     )
     (line,) = printed.stdout.splitlines()
     python, *args = shlex.split(line)
