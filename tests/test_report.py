@@ -90,9 +90,12 @@ def _texts(ax) -> list[str]:
 
 
 def _panels(fig):
-    """(confusion-matrix axes, wrong-images subfigure, its tile axes): report_figure's documented layout."""
+    """(confusion-matrix axes, wrong-images subfigure, its images, their captions): report_figure's documented
+    layout, one axes holding every wrong image (an AxesImage) and its caption (a text)."""
     left, right = fig.subfigs[1].subfigs
-    return left.axes[0], right, right.axes
+    assert len(right.axes) <= 1
+    images = [image for ax in right.axes for image in ax.images]
+    return left.axes[0], right, images, [text for ax in right.axes for text in ax.texts]
 
 
 def _assert_lr_lines(ax_lr, lrs, names) -> None:
@@ -139,7 +142,7 @@ def test_report_shows_the_run(run_dir):
     _assert_lr_lines(ax_lr, exp["lrs"], exp["lr_names"])
     assert [line.get_label() for line in ax_lr.lines] == ["decay, no_decay"]  # the default run: equal rates
 
-    ax_cm, wrong_panel, tiles = _panels(fig)
+    ax_cm, wrong_panel, tiles, captions = _panels(fig)
     cm = exp["confusion"].numpy()
     assert np.trace(cm) / cm.sum() == exp["test_acc"]  # the matrix is the test stage's: summary.json agrees
     assert np.array_equal(ax_cm.images[0].get_array(), cm)
@@ -150,12 +153,12 @@ def test_report_shows_the_run(run_dir):
     assert f"accuracy {exp['test_acc']:.1%}" in ax_cm.get_title()
     assert wrong_panel.get_suptitle().startswith("most confidently wrong test images")
     names = exp["class_names"]
-    # One tile per wrong image, most confident first, each captioned (wrapped at spaces to its column's width).
-    assert len(tiles) == len(exp["wrong"])
-    captions = [ax.get_title().replace("\n", " ") for ax in tiles]
-    assert captions == [f"{names[p]} / {names[t]} ({c:.0%})" for c, _, p, t in exp["wrong"]]
-    for ax, (_, image, _, _) in zip(tiles, exp["wrong"], strict=True):
-        assert ax.images[0].get_array().shape[:2] == image.shape[-2:]  # the image itself, not a resized copy
+    # One tile per wrong image, most confident first, each captioned (predicted / true on two lines).
+    assert len(tiles) == len(captions) == len(exp["wrong"])
+    texts = [text.get_text().replace("\n", " ") for text in captions]
+    assert texts == [f"{names[p]} / {names[t]} ({c:.0%})" for c, _, p, t in exp["wrong"]]
+    for tile, (_, image, _, _) in zip(tiles, exp["wrong"], strict=True):
+        assert tile.get_array().shape[:2] == image.shape[-2:]  # the image itself, not a resized copy
 
 
 @pytest.mark.claim("report-in-loggers")
@@ -190,9 +193,9 @@ def test_report_works_without_test_results():
     assert [line.get_label() for line in ax_lr.lines] == [
         "pg1"
     ]  # an unnamed group: LearningRateMonitor's name
-    ax_cm, wrong_panel, tiles = _panels(fig)
+    ax_cm, wrong_panel, tiles, captions = _panels(fig)
     assert _texts(ax_cm) == ["confusion matrix: after test"] and not ax_cm.images
-    assert wrong_panel.get_suptitle() == "no wrong test images" and not tiles
+    assert wrong_panel.get_suptitle() == "no wrong test images" and not tiles and not captions
 
 
 def test_report_history_survives_checkpoint_restore():
@@ -256,7 +259,8 @@ LONG_NAMES = [f"{'aquarium_fish' if i % 2 else 'sweet_pepper'}_{i}" for i in ran
 @pytest.mark.parametrize("num_classes", [2, 10, 100])
 def test_report_captions_clear_of_images(num_classes):
     """No caption of a wrong image overlaps any image (tile or confusion matrix) nor another caption, for 2, 10 and
-    100 classes, each with grey 8x8 and RGB 224x224 inputs; small images are drawn as large as large ones."""
+    100 classes, each with grey 8x8 and RGB 224x224 inputs; each caption is right above its own image; small images
+    are drawn as large as large ones."""
     gen = torch.Generator().manual_seed(num_classes)
     names = LONG_NAMES[:num_classes] if num_classes > 10 else [str(i) for i in range(num_classes)]
     confusion = torch.randint(0, 30, (num_classes, num_classes), generator=gen)
@@ -275,19 +279,20 @@ def test_report_captions_clear_of_images(num_classes):
         fig = report_figure({}, [[1e-3]], confusion, wrong, names, 80)  # RunReport's default dpi
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
-        ax_cm, _, tiles = _panels(fig)
-        assert len(tiles) == 16
-        images = [ax.images[0].get_window_extent(renderer) for ax in tiles] + [
-            ax_cm.get_window_extent(renderer)
-        ]
-        captions = [ax.title.get_window_extent(renderer) for ax in tiles]
+        ax_cm, _, tiles, texts = _panels(fig)
+        assert len(tiles) == len(texts) == 16
+        images = [tile.get_window_extent(renderer) for tile in tiles] + [ax_cm.get_window_extent(renderer)]
+        captions = [text.get_window_extent(renderer) for text in texts]
         for k, box in enumerate(captions):
             hits = [i for i, image in enumerate(images) if box.overlaps(image)]
             assert not hits, (
-                f"caption {k} {tiles[k].get_title()!r} overlaps images {hits} ({channels}x{size}px)"
+                f"caption {k} {texts[k].get_text()!r} overlaps images {hits} ({channels}x{size}px)"
             )
             others = [i for i, other in enumerate(captions) if i != k and box.overlaps(other)]
             assert not others, f"caption {k} overlaps captions {others} ({channels}x{size}px)"
+            own = images[k]  # the caption's own image: right below it, centred under it
+            assert own.ymax < box.ymin < own.ymax + own.height / 2, (k, box, own)
+            assert abs((box.xmin + box.xmax) / 2 - (own.xmin + own.xmax) / 2) < 1, (k, box, own)
         sides[(channels, size)] = round(images[0].width, 3)
     # The tiles' size depends on the panel and the captions only, not on the image size or colour.
     assert len(set(sides.values())) == 1, sides

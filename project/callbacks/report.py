@@ -4,9 +4,12 @@ also logged as an image. A module without an int `num_classes` gets the curves o
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
@@ -124,29 +127,25 @@ def is_classifier(module) -> bool:
 
 def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier: bool = True):
     """The report as an (H, W, 3) uint8 array (report_figure's, rasterised)."""
-    import numpy as np
-
     fig = report_figure(epochs, lrs, confusion, wrong, class_names, dpi, lr_names, classifier)
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
 def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier=True):
-    """`fig.subfigs[0]`: the loss, accuracy and learning-rate axes; `fig.subfigs[1]`'s subfigures: the confusion
-    matrix and one axes per wrong image, captioned by its title (not a classifier: the top row only)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(15, 10 if classifier else 5), dpi=dpi, layout="constrained")
-    FigureCanvasAgg(fig)
+    """`fig.subfigs[0]`: loss, accuracy and lr axes; `fig.subfigs[1].subfigs`: confusion matrix axes and one
+    axes of the wrong images (AxesImages) under their captions (texts). Not a classifier: the top row only."""
+    fig = FigureCanvasAgg(Figure(figsize=(15, 10 if classifier else 5), dpi=dpi, layout="none")).figure
     top, bottom = fig.subfigures(2, 1) if classifier else (fig, None)
-    ax_loss, ax_acc, ax_lr = top.subplots(1, 3)
+    ax_loss, ax_acc, ax_lr = top.subplots(1, 3, gridspec_kw=dict(left=0.05, right=0.98, top=0.92))
     for ax, metric in ((ax_loss, "loss"), (ax_acc, "acc")):
         for split in ("train", "val"):
             key = f"{split}/{metric}"
             if points := [(e, epochs[e][key]) for e in sorted(epochs) if key in epochs[e]]:
                 ax.plot(*zip(*points, strict=True), marker="o", label=split)
-        ax.set(title=f"{metric} per epoch", xlabel="epoch")
+        ax.set_title(f"{metric} per epoch", y=1)  # a fixed y: not moved clear of tick labels at each draw
+        ax.set_xlabel("epoch")
+        ax.locator_params(axis="x", integer=True)
         if ax.lines:
             ax.legend()
         else:
@@ -161,10 +160,11 @@ def report_figure(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names
         for values, shared in lines.items():
             ax_lr.plot(values, label=", ".join(shared))
         ax_lr.legend(fontsize="small")
-    ax_lr.set(title="learning rate per step", xlabel="step")
+    ax_lr.set_title("learning rate per step", y=1)
+    ax_lr.set_xlabel("step")
     if bottom is not None:
         left, right = bottom.subfigures(1, 2)
-        _confusion(left.subplots(), confusion, class_names)
+        _confusion(left.add_axes((0, 0, 1, 1)), confusion, class_names)
         _wrong_grid(right, wrong, class_names)
     return fig
 
@@ -175,38 +175,38 @@ def _confusion(ax, confusion, class_names) -> None:
         ax.text(0.5, 0.5, "confusion matrix: after test", ha="center")
         return
     n = confusion.shape[0]
-    many = n > 30  # 100 names on a 5-inch axis overlap: class indices instead
-    names = list(class_names) if class_names and len(class_names) == n else [str(i) for i in range(n)]
-    MulticlassConfusionMatrix(n).plot(val=confusion, ax=ax, labels=names, add_text=n <= 15, cmap="Blues")
-    if many:
-        ax.set_xticks(range(0, n, 10), [str(i) for i in range(0, n, 10)], rotation=0)
-        ax.set_yticks(range(0, n, 10), [str(i) for i in range(0, n, 10)])
-    ax.tick_params(labelsize="small")
-    ax.tick_params(axis="y", labelrotation=0)  # torchmetrics tilts them 25 degrees
-    for text in ax.texts:
-        text.set_fontsize("x-small")
-    accuracy, index = float(confusion.trace()) / max(1, int(confusion.sum())), " (class index)" * many
-    ax.set_title(f"test confusion matrix (accuracy {accuracy:.1%})")
-    ax.set(xlabel=f"predicted{index}", ylabel=f"true{index}")
+    ticks = range(0, n, 10 if (many := n > 30) else 1)  # 100 names on 5 inches overlap: class indices instead
+    names = class_names if class_names and len(class_names) == n and not many else [str(i) for i in ticks]
+    ax.imshow(counts := confusion.numpy(), cmap="Blues")
+    ax.set_xticks(ticks, names, rotation=0 if many else 45, fontsize="small")
+    ax.set_yticks(ticks, names, fontsize="small")
+    ax.set_title(f"test confusion matrix (accuracy {counts.trace() / max(1, counts.sum()):.1%})", y=1)
+    ax.set(xlabel="predicted" + " (class index)" * many, ylabel="true" + " (class index)" * many)
+    # Cheaper than a layout engine: shrink the axes by what its labels and title take beyond it (pixels).
+    pad, box, tight = ax.figure.dpi / 8, ax.figure.bbox, ax.get_tightbbox()
+    low, high = ax.bbox.p0 - tight.p0 + pad, box.size - (tight.p1 - ax.bbox.p1) - pad
+    ax.set_position((*low / box.size, *(high - low) / box.size))
+    for (i, j), count in np.ndenumerate(counts if n <= 15 else []):  # white on the darker half of the colours
+        ax.text(j, i, count, ha="center", va="center", size="x-small", c="kw"[int(2 * count > counts.max())])
 
 
 def _wrong_grid(subfig, wrong, class_names) -> None:
-    """One axes per image, its caption the axes' title: constrained layout keeps it clear of every image."""
-    if not wrong:  # None: the test inputs were not images
-        none = "wrong test examples: not drawn (the inputs are not images)"
-        subfig.suptitle(none if wrong is None else "no wrong test images")
+    """One axes (an axes each costs more than the drawing): equal tiles, sized to keep every caption clear."""
+    none = "wrong test examples: not drawn (inputs not images)" if wrong is None else "no wrong test images"
+    subfig.suptitle("most confidently wrong test images: predicted / true (confidence)" if wrong else none)
+    if not wrong:
         return
-    subfig.suptitle("most confidently wrong test images: predicted / true (confidence)")
-    columns = math.ceil(math.sqrt(len(wrong)))
-    axes = subfig.subplots(math.ceil(len(wrong) / columns), columns, squeeze=False).flatten()
-    name = (lambda i: class_names[i]) if class_names else str
-    for ax, (conf, img, pred, true) in zip(axes, wrong, strict=False):
-        img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)  # (C, H, W) to [0, 1]
-        if img.shape[0] == 1:
-            ax.imshow(img[0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-        else:
-            ax.imshow(img[:3].permute(1, 2, 0).numpy(), interpolation="nearest")
-        ax.set_title(f"{name(pred)} /\n{name(true)} ({conf:.0%})", fontsize=8, y=1, pad=2, va="bottom")
-        ax.set_axis_off()
-    for ax in axes[len(wrong) :]:
-        ax.remove()
+    (w, h), name = subfig.bbox.size * (1, 0.91), class_names.__getitem__ if class_names else str  # pixels
+    ax = subfig.add_axes((0, 0.02, 1, 0.91), xlim=(0, w), ylim=(h, 0), frame_on=False, xticks=(), yticks=())
+    texts = [ax.text(0, 0, f"{name(p)} /\n{name(t)} ({c:.0%})", size=8, ha="center") for c, _, p, t in wrong]
+    columns, pad = math.ceil(math.sqrt(len(wrong))), subfig.dpi / 36  # pad: 2 points around each caption
+    dx, dy = w / columns, h / math.ceil(len(wrong) / columns)  # a cell: the caption, the tile at its bottom
+    scale = min(1, 0.9 * dx / max(t.get_window_extent().width for t in texts))  # never wider than a column
+    for text in texts:  # measured again below: text extents do not scale linearly with the size
+        text.set_fontsize(8 * scale)
+    side = min(0.9 * dx, dy - max(t.get_window_extent().height for t in texts) - 2 * pad)
+    for k, (text, (_, im, _, _)) in enumerate(zip(texts, wrong, strict=True)):
+        x, y = (k % columns + 0.5) * dx - side / 2, (k // columns + 1) * dy - pad - side
+        im = ((im - im.min()) / (im.max() - im.min()).clamp_min(1e-8))[:3].movedim(0, -1).squeeze(-1).numpy()
+        ax.imshow(im, cmap="gray", interpolation="nearest", extent=(x, x + side, y + side, y))
+        text.set(position=(x + side / 2, y - pad), va="bottom")
