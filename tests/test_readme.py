@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import subprocess
+import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -546,6 +547,8 @@ def test_imagefolder(launched):
 def test_cifar10_download_needs_network(tmp_path, monkeypatch, capsys):
     for var, value in OFFLINE.items():
         monkeypatch.setenv(var, value)
+    # urlopen's shared opener reads the proxy variables once, when first built: the one built here goes after the test
+    monkeypatch.setattr(urllib.request, "_opener", None)
     checkout = user_checkout(tmp_path)
     assert in_process(CIFAR10, checkout, monkeypatch) == 2  # a user error's exit code; make adds "Error 2"
     err = capsys.readouterr().err
