@@ -1,7 +1,7 @@
 """docs/data.md "Any Dataset": any map-style Dataset and its collate_fn by class_path (project/data/dataset_module.py), on
 the worked example: the digits as variable-length pixel sequences, a GRU (configs/sequence.yaml).
 
-One README command as a process (`make train CONFIG=configs/sequence.yaml`, shortened: train, test, report,
+One README command in-process (`make train CONFIG=configs/sequence.yaml`, shortened: train, test, report,
 checkpoints, summary), whose run the predict/export refusal, `python -m project test` and the README's Python lines
 reuse in-process; one 2-process DDP launch (gloo) with the DDP tests' probe; the rest in-process.
 """

@@ -1,6 +1,6 @@
 """Any LightningModule by `model.class_path`, shown by one that Lightning ships (README "Fill in your model").
 
-The README command as a process (`make train ARGS="--model ... --data ..."`, 3 epochs) in a fresh checkout: it
+The README command (`make train ARGS="--model ... --data ..."`, 3 epochs) in a fresh checkout, in-process: it
 trains, tests, writes a checkpoint and a summary; the checkpoint loads back by the class alone, and the
 data-to-model links are checked to reach only the arguments each class takes.
 """

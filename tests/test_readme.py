@@ -1,6 +1,6 @@
-"""The README's commands, typed as a user types them, each as its own process in a fresh checkout (`make doctor`
-and the offline CIFAR-10 line run in-process, from the command `make -n` prints: their process start is tested
-elsewhere).
+"""The README's commands, typed as a user types them in a fresh checkout: each as its own process, or, where the
+process start would test nothing the session's `make train` (finished_run) does not, in-process from the command
+`make -n` prints (in_process: `make doctor`, the own model, image folder and offline CIFAR-10 lines).
 
 `make train`, `make resume`, `make predict`, `make export`, `make doctor`, `make help`, the data and model flags
 and the recipes run with the default configs: Rich progress bar, model summary, TensorBoard + CSV, report, summary
@@ -18,12 +18,15 @@ most as many at a time as there are CPUs (a launch is mostly single-threaded sta
 lightning), and each test reads its own launch's result.
 """
 
+import contextlib
 import csv
+import io
 import json
 import os
 import re
 import shlex
 import subprocess
+import sys
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -105,13 +108,13 @@ FINETUNE = (
 COMMANDS = {
     "make train": "test_make_train (the session's finished_run, 2 epochs)",
     "make test": "not run here: it is this test suite (CI runs it: bash .ci/run)",
-    'make train ARGS="--config mine.yaml"': "test_own_model",
-    IMAGEFOLDER: "test_imagefolder",
+    'make train ARGS="--config mine.yaml"': "test_own_model (in-process: the command `make -n` prints)",
+    IMAGEFOLDER: "test_imagefolder (in-process: the command `make -n` prints)",
     CIFAR10: "test_cifar10_download_needs_network (in-process: the command `make -n` prints)",
-    'make train ARGS="--model lightning.pytorch.demos.BoringModel --data lightning.pytorch.demos.BoringDataModule"': "not run here: tests/test_any_module.py types it as shown (3 "
-    "epochs) in a fresh checkout and asserts on its run",
-    "make train CONFIG=configs/sequence.yaml": "not run here: tests/test_any_dataset.py types it as shown (3 epochs) "
-    "in a fresh checkout (sequence_run) and asserts on its run",
+    'make train ARGS="--model lightning.pytorch.demos.BoringModel --data lightning.pytorch.demos.BoringDataModule"': "not run here: tests/test_any_module.py runs it as shown (3 "
+    "epochs) in a fresh checkout (readme_train_run) and asserts on its run",
+    "make train CONFIG=configs/sequence.yaml": "not run here: tests/test_any_dataset.py runs it as shown (3 epochs) "
+    "in a fresh checkout (readme_train_run) and asserts on its run",
     "make train-ddp CONFIG=configs/sequence.yaml": "not run here: tests/test_any_dataset.py runs the fit it makes "
     "(configs/sequence.yaml + configs/ddp.yaml, 2 CPU processes) with the DDP probe callback",
     "python -m project test --config configs/sequence.yaml --ckpt_path runs/<run>/checkpoints/last.ckpt": "not run "
@@ -266,23 +269,6 @@ def launch_preset_then_resume(checkout: Path) -> list[tuple[Launch, dict]]:
     return done
 
 
-def launch_own_model(checkout: Path) -> Launch:
-    # my_models.py and mine.yaml exactly as the README shows them, next to the Makefile.
-    for body in readme_blocks("python") + readme_blocks("yaml"):
-        first = body.splitlines()[0]
-        if first in ("# my_models.py", "# mine.yaml"):
-            written(checkout / first[2:], body)
-    return launch_single(
-        make_argv(readme_command('make train ARGS="--config mine.yaml"'), *ONE_EPOCH), checkout
-    )
-
-
-def launch_imagefolder(checkout: Path) -> Launch:
-    pets = write_images(checkout / "pets")
-    command = readme_command(IMAGEFOLDER).replace("/data/pets", str(pets))
-    return launch_single(make_argv(command, *ONE_EPOCH), checkout)
-
-
 def launch_predict(checkout: Path, run: str) -> Launch:
     from PIL import Image
 
@@ -316,8 +302,6 @@ def launch_help(checkout: Path) -> list[Launch]:
 # name -> (what starts it, whether it runs on a copy of the session's finished run). Listed longest first.
 LAUNCHES = {
     "preset_then_resume": (launch_preset_then_resume, False),
-    "imagefolder": (launch_imagefolder, False),
-    "own_model": (launch_own_model, False),
     "help": (launch_help, False),
     "export": (launch_export, True),
     "predict": (launch_predict, True),
@@ -368,10 +352,11 @@ def launched(request, tmp_path_factory) -> Launched:
         result.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def in_process(command: str, checkout: Path, monkeypatch) -> int:
-    """A README `make` line as `make -n` prints it, run in this process from `checkout`: the exit code. For
-    commands whose process start (seconds of imports) tests nothing another test's process does not."""
-    argv = make_argv(readme_command(command))
+def in_process(command: str, checkout: Path, monkeypatch, *args: str) -> int:
+    """A README `make` line (readme_command's; `args` appended to its ARGS) as `make -n` prints it, run in this process from
+    `checkout`: the exit code. For commands whose process start (seconds of imports) tests nothing that the session's
+    `make train` (finished_run) does not."""
+    argv = make_argv(command, *args)
     # user_environment: not `make test`'s MAKEFLAGS, whose ARGS would reach this make
     printed = subprocess.run(
         [argv[0], "-n", *argv[1:]],
@@ -385,7 +370,17 @@ def in_process(command: str, checkout: Path, monkeypatch) -> int:
     python, *args = shlex.split(line)
     assert python == ".venv/bin/python" and args[:2] == ["-m", "project"], line
     monkeypatch.chdir(checkout)
+    monkeypatch.syspath_prepend(str(checkout))  # as `python -m` puts the working directory first
     return run_cli(*args[2:])
+
+
+def trained_in_process(command: str, checkout: Path, *args: str) -> Path:
+    """A README `make train` line run by in_process: its run directory, after check_run's checks on what it
+    printed (exit 0, one run directory, named on the last line, no traceback)."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = in_process(command, checkout, mp, *args)
+    return check_run(Launch(shlex.split(command), checkout, code, out.getvalue(), err.getvalue(), 0.0, 0.0))
 
 
 def summary_of(run: Path) -> dict:
@@ -393,11 +388,11 @@ def summary_of(run: Path) -> dict:
 
 
 def readme_train_run(tmp_path_factory, name: str, command: str, epochs: int) -> Path:
-    """A `make train` command the README shows, typed in a fresh checkout with `--trainer.max_epochs` appended:
-    the run directory it made (after check_run)."""
-    checkout = user_checkout(tmp_path_factory.mktemp(name))
-    argv = make_argv(readme_command(command), f"--trainer.max_epochs {epochs}")
-    return check_run(launch(argv, checkout, env={"OMP_NUM_THREADS": "1"}))
+    """A `make train` command the README shows, in a fresh checkout with `--trainer.max_epochs` appended, run
+    in-process (trained_in_process): the run directory it made."""
+    return trained_in_process(
+        command, user_checkout(tmp_path_factory.mktemp(name)), f"--trainer.max_epochs {epochs}"
+    )
 
 
 def check_run(result: Launch) -> Path:
@@ -524,9 +519,19 @@ def test_resume(launched):
 
 
 @pytest.mark.claim("own-model-from-config")
-@needs("own_model")
-def test_own_model(launched):
-    run = check_run(launched["own_model"])
+def test_own_model(tmp_path):
+    checkout = user_checkout(tmp_path)
+    # my_models.py and mine.yaml exactly as the README shows them, next to the Makefile.
+    for body in readme_blocks("python") + readme_blocks("yaml"):
+        first = body.splitlines()[0]
+        if first in ("# my_models.py", "# mine.yaml"):
+            written(checkout / first[2:], body)
+    sys.modules.pop("my_models", None)  # another test's my_models.py, imported in this process
+    try:
+        run = trained_in_process(readme_command('make train ARGS="--config mine.yaml"'), checkout, *ONE_EPOCH)
+        assert Path(sys.modules["my_models"].__file__) == checkout / "my_models.py"
+    finally:
+        sys.modules.pop("my_models", None)
     config = json.dumps(yaml.safe_load((run / "config.yaml").read_text())["model"])
     assert '"class_path": "my_models.TinyMLP"' in config and '"hidden": 32' in config, config
     weights = torch.load(run / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
@@ -535,9 +540,12 @@ def test_own_model(launched):
 
 
 @pytest.mark.claim("own-data-imagefolder")
-@needs("imagefolder")
-def test_imagefolder(launched):
-    run = check_run(launched["imagefolder"])
+def test_imagefolder(tmp_path):
+    checkout = user_checkout(tmp_path)
+    pets = write_images(checkout / "pets")
+    run = trained_in_process(
+        readme_command(IMAGEFOLDER).replace("/data/pets", str(pets)), checkout, *ONE_EPOCH
+    )
     ckpt = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
     (data,) = [v for k, v in ckpt.items() if k.endswith("ImageClassificationDataModule")]
     assert data["class_names"] == ["cat", "dog"] and data["input_shape"] == [3, 64, 64], data
@@ -550,7 +558,9 @@ def test_cifar10_download_needs_network(tmp_path, monkeypatch, capsys):
     # urlopen's shared opener reads the proxy variables once, when first built: the one built here goes after the test
     monkeypatch.setattr(urllib.request, "_opener", None)
     checkout = user_checkout(tmp_path)
-    assert in_process(CIFAR10, checkout, monkeypatch) == 2  # a user error's exit code; make adds "Error 2"
+    assert (
+        in_process(readme_command(CIFAR10), checkout, monkeypatch) == 2
+    )  # a user error's exit code; make adds "Error 2"
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     message = " ".join(line for line in err.splitlines() if line.startswith("error:"))
@@ -603,7 +613,7 @@ def test_export(launched):
 
 @pytest.mark.claim("doctor-verdict")
 def test_doctor(tmp_path, monkeypatch, capsys):
-    assert in_process("make doctor", user_checkout(tmp_path), monkeypatch) == 0
+    assert in_process(readme_command("make doctor"), user_checkout(tmp_path), monkeypatch) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "doctor: ready for `make train`.", lines
     assert any(line.startswith("ok:") for line in lines), lines
