@@ -1,6 +1,7 @@
 """The README's commands, typed as a user types them in a fresh checkout: each as its own process, or, where the
 process start would test nothing the session's `make train` (finished_run) does not, in-process from the command
-`make -n` prints (in_process: `make doctor`, the own model, image folder and offline CIFAR-10 lines).
+`make -n` prints (in_process: `make doctor`, `make resume`, the debug preset, own model, image folder and offline
+CIFAR-10 lines).
 
 `make train`, `make resume`, `make predict`, `make export`, `make doctor`, `make help`, the data and model flags
 and the recipes run with the default configs: Rich progress bar, model summary, TensorBoard + CSV, report, summary
@@ -22,6 +23,7 @@ import contextlib
 import csv
 import io
 import json
+import logging
 import os
 import re
 import shlex
@@ -137,7 +139,7 @@ COMMANDS = {
     "with the DDP probe callback",
     TORCHRUN.format(0): "not run here: two machines (tests/test_ddp.py runs two torchrun.sh nodes on one)",
     TORCHRUN.format(1): "not run here: two machines (tests/test_ddp.py runs two torchrun.sh nodes on one)",
-    "make resume": "test_resume",
+    "make resume": "test_resume (in-process: the command `make -n` prints)",
     'make train ARGS="--ckpt_path runs/<run>/checkpoints/last.ckpt"': "not run here: `make resume` passes "
     "--ckpt_path through ARGS the same way; tests/test_resume.py resumes from that path in-process",
     'make train ARGS="--checkpoint_every_n_steps 50"': "not run here: 50 steps are 2.5 full epochs; "
@@ -153,7 +155,7 @@ COMMANDS = {
     "starts `python -m project doctor` as a process)",
     "make tensorboard": "not run here: tests/test_tensorboard.py runs it as typed (plus a free PORT) on the session's "
     "finished run and queries the server",
-    PRESET: "test_debug_preset",
+    PRESET: "test_debug_preset (in-process: the command `make -n` prints)",
     # Sweeps: every trial is a `make train` process (a new interpreter: seconds of imports, then a fit and a test),
     # so the sweeps run in tests/test_sweep.py with a test sweep file of 2 epochs x 4 batches and 1-2 trials.
     "make sweep": "not run here: 20 trials of 5 epochs; tests/test_sweep.py runs `make sweep SPACE=<its sweep "
@@ -248,27 +250,6 @@ def launch_single(argv: list[str], checkout: Path, env: dict | None = None) -> L
     return launch(argv, checkout, env={"OMP_NUM_THREADS": "1", **(env or {})})
 
 
-def launch_preset_then_resume(checkout: Path) -> list[tuple[Launch, dict]]:
-    """The debug preset (2 epochs x 5 batches), then `make resume` to epoch 3: each launch with the summary.json
-    it left (the resume rewrites it). No resume after a failed preset."""
-    limits = (
-        "--trainer.limit_train_batches 5",
-        "--trainer.limit_val_batches 2",
-        "--trainer.limit_test_batches 2",
-    )
-    done = []
-    for argv in (
-        make_argv(readme_command(PRESET)),
-        make_argv(readme_command("make resume"), "--trainer.max_epochs 3", *limits),
-    ):
-        result = launch_single(argv, checkout)
-        runs = result.runs()
-        done.append((result, summary_of(runs[0]) if result.returncode == 0 and len(runs) == 1 else {}))
-        if not done[-1][1]:
-            break
-    return done
-
-
 def launch_predict(checkout: Path, run: str) -> Launch:
     from PIL import Image
 
@@ -301,7 +282,6 @@ def launch_help(checkout: Path) -> list[Launch]:
 
 # name -> (what starts it, whether it runs on a copy of the session's finished run). Listed longest first.
 LAUNCHES = {
-    "preset_then_resume": (launch_preset_then_resume, False),
     "help": (launch_help, False),
     "export": (launch_export, True),
     "predict": (launch_predict, True),
@@ -374,13 +354,28 @@ def in_process(command: str, checkout: Path, monkeypatch, *args: str) -> int:
     return run_cli(*args[2:])
 
 
+def launched_in_process(command: str, checkout: Path, *args: str) -> Launch:
+    """A README `make` line run by in_process, as a Launch: its exit code and what it printed (Lightning's log
+    lines included, on stderr as a process has them)."""
+    out, err = io.StringIO(), io.StringIO()
+    lightning_log, handler = logging.getLogger("lightning.pytorch"), logging.StreamHandler(err)
+    lightning_log.addHandler(handler)
+    try:
+        with (
+            pytest.MonkeyPatch.context() as mp,
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            code = in_process(command, checkout, mp, *args)
+    finally:
+        lightning_log.removeHandler(handler)
+    return Launch(shlex.split(command), checkout, code, out.getvalue(), err.getvalue(), 0.0, 0.0)
+
+
 def trained_in_process(command: str, checkout: Path, *args: str) -> Path:
     """A README `make train` line run by in_process: its run directory, after check_run's checks on what it
     printed (exit 0, one run directory, named on the last line, no traceback)."""
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = in_process(command, checkout, mp, *args)
-    return check_run(Launch(shlex.split(command), checkout, code, out.getvalue(), err.getvalue(), 0.0, 0.0))
+    return check_run(launched_in_process(command, checkout, *args))
 
 
 def summary_of(run: Path) -> dict:
@@ -478,10 +473,25 @@ def test_report(finished_run: FinishedRun):
 # -- Never lose a run ----------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def preset_then_resume(tmp_path_factory) -> list[tuple[Launch, dict]]:
+    """The debug preset (2 epochs x 5 batches), then `make resume` to epoch 3, in-process (launched_in_process):
+    each with the summary.json it left (the resume rewrites it). No resume after a failed preset."""
+    checkout = user_checkout(tmp_path_factory.mktemp("preset"))
+    limits = "--trainer.limit_train_batches 5 --trainer.limit_val_batches 2 --trainer.limit_test_batches 2"
+    done = []
+    for command, args in ((PRESET, ()), ("make resume", ("--trainer.max_epochs 3", limits))):
+        result = launched_in_process(readme_command(command), checkout, *args)
+        runs = result.runs()
+        done.append((result, summary_of(runs[0]) if result.returncode == 0 and len(runs) == 1 else {}))
+        if not done[-1][1]:
+            break
+    return done
+
+
 @pytest.mark.claim("debug-preset-profiler")
-@needs("preset_then_resume")
-def test_debug_preset(launched):
-    preset, summary = launched["preset_then_resume"][0]
+def test_debug_preset(preset_then_resume):
+    preset, summary = preset_then_resume[0]
     run = check_run(preset)
     # configs/debug/limit_batches.yaml: 2 epochs x 5 batches
     assert (summary["epochs"], summary["global_step"]) == (2, 10), summary
@@ -490,9 +500,8 @@ def test_debug_preset(launched):
 
 
 @pytest.mark.claim("resume-continues-own-run", "resume-as-started")
-@needs("preset_then_resume")
-def test_resume(launched):
-    launches = launched["preset_then_resume"]
+def test_resume(preset_then_resume):
+    launches = preset_then_resume
     assert len(launches) == 2, launches[-1][0]
     run = check_run(launches[0][0])
     resumed, summary = launches[1]
