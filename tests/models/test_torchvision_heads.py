@@ -54,6 +54,7 @@ def built() -> dict[str, TorchvisionClassifier | Exception]:
     return models
 
 
+@pytest.fixture(scope="module")
 def forwarded(built: dict) -> set[str]:
     """The smallest builder of each model class: a meta forward costs ~1 ms per op, and builders of one class
     (resnet18 ... resnet152, efficientnet_b0 ... v2_l) share its forward and so where its head sits."""
@@ -66,14 +67,14 @@ def forwarded(built: dict) -> set[str]:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_torchvision_classifier_gets_a_num_classes_head(name, built):
+def test_every_torchvision_classifier_gets_a_num_classes_head(name, built, forwarded):
     model = built[name]
     if isinstance(model, Exception):
         raise model
     assert {p.device.type for p in model.parameters()} == {"meta"}
     head = [m for m in model.net.modules() if isinstance(m, (nn.Linear, nn.Conv2d))][-1]
     assert (head.out_features if isinstance(head, nn.Linear) else head.out_channels) == 7
-    if name in forwarded(built):
+    if name in forwarded:
         size = SIZES.get(name, 224)
         # In train mode (the harder one: googlenet and inception_v3 return (logits, aux) unless their aux heads go)
         assert model.train()(torch.empty(2, 3, size, size, device="meta")).shape == (2, 7)
