@@ -81,7 +81,7 @@ class Check:
         with out_path.open("w") as out, err_path.open("w") as err:
             out.write(f"$ {shlex.join(argv)}\n")
             out.flush()
-            if self.forks is not None and argv[0] == sys.executable and name != "doctor":
+            if self.forks is not None and argv[0] == sys.executable:
                 pid = fork(argv, env, out, err, self.forks)
             else:
                 proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)

@@ -1,5 +1,6 @@
 """Processes for the multi-process tests: start them in a session of their own, wait for several that depend on
-each other with a deadline, kill whatever a launcher left behind."""
+each other with a deadline, kill whatever a launcher left behind; or start a node's ranks as torchrun does, each a
+fork of the test process (run_ranks)."""
 
 import contextlib
 import os
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO, environment
 
@@ -201,3 +203,67 @@ def fork_main(args: list[str], log: Path, env: dict | None = None, cwd: Path | N
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+
+
+class Rank:
+    """One rank of a run: a fork of this process (fork=True) or a new interpreter, with torchrun's variables.
+    What a test needs of a process: pid, poll, wait, kill."""
+
+    def __init__(
+        self, args: list[str], rank: int, world: int, port: int, cwd: Path, log: Path, fork: bool
+    ) -> None:
+        env = env_for_children() | {"OMP_NUM_THREADS": "1"} | torchrun_env(rank, world, port)
+        self.returncode: int | None = None
+        self._popen = None
+        if fork:
+            self.pid = fork_main(args, log, env=env, cwd=cwd)
+            return
+        with open(log, "w") as out:
+            self._popen = subprocess.Popen(
+                [sys.executable, "-m", "project", *args], cwd=cwd, env=env, stdout=out, stderr=out
+            )
+        self.pid = self._popen.pid
+
+    def poll(self) -> int | None:
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+        elif self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the rank and its loader workers."""
+        for pid in [*descendants(self.pid), self.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def run_ranks(args: list[str], cwd: Path, logs: Path, until=None, world: int = 2) -> list[int]:
+    """Start the ranks of one node as torchrun does, wait for them (or, with `until`, for until() to hold, then
+    SIGKILL them); the exit codes. Fails the test, showing the logs, when the ranks are not done within
+    LAUNCH_DEADLINE_S."""
+    fork = torch.get_num_threads() == 1
+    port = free_port()
+    logs.mkdir(parents=True, exist_ok=True)
+    ranks = [Rank(args, r, world, port, cwd, logs / f"rank{r}.log", fork) for r in range(world)]
+    deadline = time.monotonic() + LAUNCH_DEADLINE_S
+    try:
+        while any(r.poll() is None for r in ranks) and time.monotonic() < deadline:
+            if until is not None and until():
+                break
+            if any(r.poll() not in (None, 0) for r in ranks):  # a failed rank: give the other a moment
+                deadline = min(deadline, time.monotonic() + 30)
+            time.sleep(0.05)
+    finally:
+        stuck = [r for r in ranks if r.poll() is None]
+        for r in stuck:
+            r.kill()
+    if stuck and until is None:
+        shown = "\n\n".join(f"rank {i}:\n{(logs / f'rank{i}.log').read_text()[-3000:]}" for i in range(world))
+        pytest.fail(f"the ranks did not exit within {LAUNCH_DEADLINE_S} s (a hang?):\n{shown}")
+    return [r.returncode for r in ranks]

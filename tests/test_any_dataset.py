@@ -31,7 +31,7 @@ from tests.conftest import (
     read_summary,
     run_cli,
 )
-from tests.ddp_processes import TEST_DEADLINE_S, env_for_children, finish, start
+from tests.ddp_processes import TEST_DEADLINE_S, run_ranks
 from tests.test_resume import add, weights
 
 README = documentation()  # the "Any Dataset" section is in docs/data.md
@@ -263,9 +263,10 @@ def test_mid_epoch_resume_is_bit_identical(in_tmp):
 @pytest.mark.claim("any-dataset-ddp-shards")
 @pytest.mark.timeout(TEST_DEADLINE_S)
 def test_two_processes_shard_the_dataset(tmp_path):
-    # configs/sequence.yaml + configs/ddp.yaml on 2 CPU processes, as `make train-ddp CONFIG=configs/sequence.yaml`
-    # runs them; 2 epochs (to see the shards reshuffled) of 2 steps; val and test whole, with odd sizes (145, 361).
-    cmd = [sys.executable, "-m", "project", "fit", "--config", CONFIGS / "sequence.yaml"]
+    # configs/sequence.yaml + configs/ddp.yaml on 2 CPU processes (`make train-ddp CONFIG=configs/sequence.yaml`;
+    # the ranks started as torchrun starts them, forks of this process: tests/test_ddp.py tests the launchers);
+    # 2 epochs (to see the shards reshuffled) of 2 steps; val and test whole, with odd sizes (145, 361).
+    cmd = ["fit", "--config", CONFIGS / "sequence.yaml"]
     cmd += ["--config", CONFIGS / "ddp.yaml", "--trainer.devices", "2", "--trainer.num_nodes", "1", *QUIET]
     cmd += [
         "--trainer.max_epochs",
@@ -281,8 +282,8 @@ def test_two_processes_shard_the_dataset(tmp_path):
         "--trainer.callbacks.out_dir",
         tmp_path / "probe",
     ]
-    code, out, err = finish(start(cmd, tmp_path, {**env_for_children(), "OMP_NUM_THREADS": "1"}))
-    assert code == 0, err[-4000:]
+    codes = run_ranks([str(c) for c in cmd], tmp_path, tmp_path / "logs")
+    assert codes == [0, 0], [(tmp_path / "logs" / f"rank{r}.log").read_text()[-3000:] for r in (0, 1)]
     r0, r1 = (json.loads((tmp_path / f"probe/rank{r}.json").read_text()) for r in (0, 1))
     assert r0["world_size"] == r1["world_size"] == 2
     for e in (0, 1):  # 1,291 training sequences: 645 per rank, 20 batches of 32 read (drop_last)

@@ -151,8 +151,7 @@ COMMANDS = {
     "make train && xdg-open runs/<run>/report.png": "test_report (xdg-open is not run: no display)",
     "make predict CKPT=runs/<run>/checkpoints/last.ckpt INPUT=images/": "test_predict",
     "make export CKPT=runs/<run>/checkpoints/last.ckpt": "test_export",
-    "make doctor": "test_doctor (in-process: the command `make -n` prints; tests/test_gpu_check.py's dry run "
-    "starts `python -m project doctor` as a process)",
+    "make doctor": "test_doctor (in-process: the command `make -n` prints)",
     "make tensorboard": "not run here: tests/test_tensorboard.py runs it as typed (plus a free PORT) on the session's "
     "finished run and queries the server",
     PRESET: "test_debug_preset (in-process: the command `make -n` prints)",

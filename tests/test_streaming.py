@@ -2,7 +2,7 @@
 tests/test_streaming_ddp.py).
 
 - The README's s3:// commands as typed (make prepare, then make train for one epoch) against moto's S3 server,
-  started here on 127.0.0.1; the training is this file's one process.
+  started here on 127.0.0.1.
 - The local path in-process: prepare's splits against a direct count of the folder, every validation and test
   sample seen by the LightningModule exactly once (under Lightning, with two loader workers and partial batches),
   the training order reshuffled per epoch, and re-runs of prepare (complete, interrupted, other settings,
@@ -27,8 +27,8 @@ import torch
 
 from project.__main__ import main as project_main
 from project.errors import ConfigError
-from tests.conftest import LAUNCH_TIMEOUT, launch, user_checkout, user_environment
-from tests.test_readme import ONE_EPOCH, check_run, make_argv, readme_command, write_images
+from tests.conftest import LAUNCH_TIMEOUT, user_checkout, user_environment
+from tests.test_readme import ONE_EPOCH, make_argv, readme_command, trained_in_process, write_images
 
 pytestmark = pytest.mark.slow
 
@@ -83,9 +83,9 @@ def s3(tmp_path_factory):
 @pytest.mark.claim("stream-s3-compatible")
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 120)
 def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
-    """make prepare to s3:// then make train from it, as the README types them (one epoch). prepare runs in this
-    process (the command `make -n` prints for the README line: a new interpreter's seconds of imports saved),
-    training as a process of its own that knows the store from the AWS_* variables only."""
+    """make prepare to s3:// then make train from it, as the README types them (one epoch), each in this process
+    (the command `make -n` prints for the README line: a new interpreter's seconds of imports saved). Both know
+    the store from the AWS_* variables only."""
     checkout = user_checkout(tmp_path / "checkout")
     pets = write_images(tmp_path / "pets")
     argv = make_argv(readme_command(PREPARE_S3).replace("/data/pets", str(pets)))
@@ -103,10 +103,7 @@ def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
         monkeypatch.setenv(name, value)
     project_main(command[2:])
     assert "Progress" in capsys.readouterr().err  # litdata's progress bar
-    trained = launch(
-        make_argv(readme_command(TRAIN_S3), *ONE_EPOCH), checkout, env={"OMP_NUM_THREADS": "1", **s3}
-    )
-    run = check_run(trained)
+    run = trained_in_process(readme_command(TRAIN_S3), checkout, *ONE_EPOCH)
     ckpt = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
     (data,) = [v for k, v in ckpt.items() if k.endswith("StreamingDataModule")]
     # the image module's keys, which predict and export read (project/inference.py)

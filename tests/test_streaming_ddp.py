@@ -17,13 +17,9 @@ of its own that SIGKILL ends, without the seconds of imports (torch, lightning) 
 (OpenMP's thread pool does not survive a fork; with more threads, new interpreters are started instead).
 """
 
-import contextlib
 import importlib.util
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,14 +28,7 @@ import pytest
 import torch
 
 from tests.conftest import CONFIGS, QUIET, REPO, run_cli
-from tests.ddp_processes import (
-    LAUNCH_DEADLINE_S,
-    descendants,
-    env_for_children,
-    fork_main,
-    free_port,
-    torchrun_env,
-)
+from tests.ddp_processes import LAUNCH_DEADLINE_S, run_ranks
 from tests.streaming_probe import sample_key
 
 spec = importlib.util.spec_from_file_location("kill_resume", REPO / "tests/tools/kill_resume.py")
@@ -58,67 +47,6 @@ PER_RANK = STEPS_PER_EPOCH * BATCH
 # The kill: in the optimizer step after this many, mid-way through the second epoch (the checkpoint written
 # after it holds a loader 6 batches into that epoch).
 KILL_AFTER_STEP = STEPS_PER_EPOCH + 6
-
-
-class Rank:
-    """One rank of a run: a fork of this process (fork=True) or a new interpreter, with torchrun's variables.
-    What a test needs of a process: pid, poll, wait, kill."""
-
-    def __init__(self, args: list[str], rank: int, port: int, cwd: Path, log: Path, fork: bool) -> None:
-        env = env_for_children() | {"OMP_NUM_THREADS": "1"} | torchrun_env(rank, WORLD, port)
-        self.returncode: int | None = None
-        self._popen = None
-        if fork:
-            self.pid = fork_main(args, log, env=env, cwd=cwd)
-            return
-        with open(log, "w") as out:
-            self._popen = subprocess.Popen(
-                [sys.executable, "-m", "project", *args], cwd=cwd, env=env, stdout=out, stderr=out
-            )
-        self.pid = self._popen.pid
-
-    def poll(self) -> int | None:
-        if self._popen is not None:
-            self.returncode = self._popen.poll()
-        elif self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def kill(self) -> None:
-        """SIGKILL the rank and its loader workers."""
-        for pid in [*descendants(self.pid), self.pid]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while self.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def run_ranks(args: list[str], cwd: Path, logs: Path, until=None) -> list[int]:
-    """Start both ranks, wait for them (or, with `until`, for until() to hold, then SIGKILL them); the exit codes.
-    Fails the test, showing the logs, when the ranks are not done within LAUNCH_DEADLINE_S."""
-    fork = torch.get_num_threads() == 1
-    port = free_port()
-    logs.mkdir(parents=True, exist_ok=True)
-    ranks = [Rank(args, r, port, cwd, logs / f"rank{r}.log", fork) for r in range(WORLD)]
-    deadline = time.monotonic() + LAUNCH_DEADLINE_S
-    try:
-        while any(r.poll() is None for r in ranks) and time.monotonic() < deadline:
-            if until is not None and until():
-                break
-            if any(r.poll() not in (None, 0) for r in ranks):  # a failed rank: give the other a moment
-                deadline = min(deadline, time.monotonic() + 30)
-            time.sleep(0.05)
-    finally:
-        stuck = [r for r in ranks if r.poll() is None]
-        for r in stuck:
-            r.kill()
-    if stuck and until is None:
-        shown = "\n\n".join(f"rank {i}:\n{(logs / f'rank{i}.log').read_text()[-3000:]}" for i in range(WORLD))
-        pytest.fail(f"the ranks did not exit within {LAUNCH_DEADLINE_S} s (a hang?):\n{shown}")
-    return [r.returncode for r in ranks]
 
 
 def stored_keys(split_dir: Path) -> Counter:

@@ -16,12 +16,19 @@ SIZES = {"inception_v3": 299}  # the others take 224 (the ViTs and MaxViT nothin
 
 @contextlib.contextmanager
 def meta_parameters():
-    """Parameters and buffers move to the meta device as they are registered, before any initialisation runs.
+    """Parameters and buffers move to the meta device as they are registered, and their initialisation is skipped
+    (on meta it computes nothing, yet torch runs each random fill through its Python reference: half the build).
 
     Not `with torch.device("meta")`: RegNet's builder computes its widths with tensors and `.tolist()`, which a
     meta tensor cannot give ("Cannot copy out of meta tensor").
     """
     register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+    fills = {name: getattr(torch.Tensor, name) for name in ("normal_", "uniform_")}
+
+    def skipped_on_meta(name):
+        return lambda tensor, *args, **kwargs: (
+            tensor if tensor.is_meta else fills[name](tensor, *args, **kwargs)
+        )
 
     def parameter(self, name, param):
         register_parameter(
@@ -34,6 +41,8 @@ def meta_parameters():
     with (
         mock.patch.object(nn.Module, "register_parameter", parameter),
         mock.patch.object(nn.Module, "register_buffer", buffer),
+        mock.patch.object(torch.Tensor, "normal_", skipped_on_meta("normal_")),
+        mock.patch.object(torch.Tensor, "uniform_", skipped_on_meta("uniform_")),
     ):
         yield
 
