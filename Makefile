@@ -23,7 +23,8 @@ ARGS   ?=
 NPROC  ?= $(if $(shell nvidia-smi -L 2>/dev/null),auto,2)
 NODES  ?= 1
 # test: pytest-xdist worker processes, each taking whole test files (TEST_WORKERS=0: one process, as plain pytest).
-TEST_WORKERS ?= 2
+# Three on 2 cores: a test waiting on its processes (a rendezvous, Lightning's 5 s poll, a server) idles a core.
+TEST_WORKERS ?= 3
 # sweep: the sweep file and worker processes on this machine.
 SPACE   ?= configs/sweep/digits.yaml
 WORKERS ?= 1

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 # One intra-op thread for this process and every process a test starts, unless the caller set one: the suite runs
-# two workers on as few as 2 cores, each training in-process and starting processes of its own, and a second
+# three workers on as few as 2 cores, each training in-process and starting processes of its own, and a second
 # thread per process mostly spins, waiting for a busy core (it nearly doubles the CPU time of the session's
 # `make train`). Set before torch is imported. The tests of the DDP thread split remove it for their processes,
 # as a user's shell has none.
@@ -66,18 +66,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The longest files first, by their CPU and wall time (tests/tools/cpu_usage.py measures both): `make test` runs two
+# The longest files first, by their CPU and wall time (tests/tools/cpu_usage.py measures both): `make test` runs
 # pytest-xdist workers that take whole files in this order (--no-loadscope-reorder: xdist's default order is the
 # most tests first, which left the multi-process files of few tests to end the run on one core). What makes each
 # one long:
 LONGEST_FIRST = (
     "test_sweep.py",  # real sweeps: every trial a `python -m project fit` process of its own
-    "test_torchrun_restart.py",  # a 2-rank job killed and restarted 3 times beside an undisturbed one
+    "test_torchrun_restart.py",  # a 2-rank job killed and restarted 3 times, then replayed in one process
     "test_ddp.py",  # three multi-process launches, one of two torchrun nodes restarted once
-    "test_streaming.py",  # one training process, moto's server, in-process prepares and a fit
+    "test_streaming.py",  # moto's server, in-process prepares and fits
     "test_readme.py",  # the README's commands, each a process of its own in a fresh checkout
     "test_sweep_storage.py",  # workers started at once on each storage, killed workers
-    "test_any_dataset.py",  # one README launch, one 2-process launch, 3 in-process fits
+    "test_any_dataset.py",  # 2 ranks forked from pytest, 3 in-process fits
     "test_gpu_check.py",  # the GPU check's CPU dry run (`make bench`'s smoke run too) and the pieces it relies on
     "test_ddp_slurm.py",  # scripts/slurm.sbatch under stand-in SLURM commands
     "test_torchvision_heads.py",  # a forward pass of every torchvision classifier on the meta device
@@ -137,6 +137,21 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run from an empty directory, so runs/ lands in tmp_path."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def deterministic_mode_restored():
+    """torch's deterministic mode as it was before the test. `trainer.deterministic: true` (configs/default.yaml)
+    turns it on for the process and nothing turns it off, so an in-process run handed it to every later test of
+    its worker, where torch.empty fills each new tensor with NaN (building every torchvision classifier took 4x)."""
+    import torch
+
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 # -- The README's commands as a user types them (tests/test_readme.py, and the session's finished run) ---------

@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import lightning  # noqa: F401 - at collection: its log handler keeps the sys.stderr of its first import, which a capsys test closes
+import litdata.utilities.dataset_utilities as litdata_paths
 import pytest
 import torch
 
@@ -101,6 +102,8 @@ def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
     assert command[:3] == ["-m", "project", "prepare"], printed.stdout
     for name, value in s3.items():
         monkeypatch.setenv(name, value)
+    # litdata reads LITDATA_CACHE_DIR once, when first imported (in this process, maybe by an earlier test)
+    monkeypatch.setattr(litdata_paths, "_LITDATA_CACHE_DIR", s3["LITDATA_CACHE_DIR"])
     project_main(command[2:])
     assert "Progress" in capsys.readouterr().err  # litdata's progress bar
     run = trained_in_process(readme_command(TRAIN_S3), checkout, *ONE_EPOCH)
