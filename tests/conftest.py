@@ -140,18 +140,16 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def deterministic_mode_restored():
-    """torch's deterministic mode as it was before the test. `trainer.deterministic: true` (configs/default.yaml)
-    turns it on for the process and nothing turns it off, so an in-process run handed it to every later test of
-    its worker, where torch.empty fills each new tensor with NaN (building every torchvision classifier took 4x)."""
+def deterministic_mode_off():
+    """Each test starts and ends with torch's deterministic mode off, as a new process has it.
+    `trainer.deterministic: true` (configs/default.yaml) turns it on for the process and nothing turns it off: an
+    in-process run (a test's, or a session fixture's) handed it to every later test of its worker, where torch.empty
+    fills each new tensor with NaN (building every torchvision classifier took 4x as long)."""
     import torch
 
-    before = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
+    torch.use_deterministic_algorithms(False)
     yield
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.use_deterministic_algorithms(False)
 
 
 # -- The README's commands as a user types them (tests/test_readme.py, and the session's finished run) ---------
