@@ -463,8 +463,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
     # Once per `make test`, not once per pytest-xdist worker: the first worker that needs it runs it under a file
     # lock in the directory the workers share, and leaves the launch's record there for the others (a whole
     # `make train` saved when the files that read it land on both workers).
-    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
-    with _locked(shared / "finished-run.lock") if shared else contextlib.nullcontext():
+    shared = shared_folder(tmp_path_factory)
+    with locked(shared / "finished-run.lock") if shared else contextlib.nullcontext():
         record = shared / "finished-run.json" if shared else None
         if record is not None and record.is_file():
             done = json.loads(record.read_text())
@@ -486,8 +486,13 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
     return FinishedRun(checkout, runs[0], result)
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """The folder every pytest-xdist worker of this session sees (None without xdist)."""
+    return tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+
+
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     """An exclusive lock on `path` (created) between the processes of this session."""
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
