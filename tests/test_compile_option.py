@@ -4,7 +4,6 @@ import functools
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounter
 
 from project.models import ConvNet
 from project.module import ClassificationModule
@@ -14,7 +13,10 @@ from project.module import ClassificationModule
 @pytest.mark.claim("compile-plain-keys")
 def test_compiled_module_state_dict_loads_into_an_uncompiled_model(monkeypatch):
     # The eager backend: dynamo traces the model as with inductor, without minutes of C++ compilation.
-    # CompileCounter is that backend with a count of the graphs it was given: the model did run compiled.
+    # CompileCounter is that backend with a count of the graphs it was given: the model did run compiled. Imported
+    # here, not at collection, where every xdist worker would pay functorch.compile's import.
+    from torch._dynamo.testing import CompileCounter
+
     backend = CompileCounter()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     compiled = ClassificationModule(ConvNet(10, width=4), 10, (1, 8, 8), compile=True)  # compiled in place

@@ -22,7 +22,6 @@ from collections import Counter
 from pathlib import Path
 
 import lightning  # noqa: F401 - at collection: its log handler keeps the sys.stderr of its first import, which a capsys test closes
-import litdata.utilities.dataset_utilities as litdata_paths
 import pytest
 import torch
 
@@ -103,6 +102,8 @@ def test_readme_s3_commands(tmp_path, s3, monkeypatch, capsys):
     for name, value in s3.items():
         monkeypatch.setenv(name, value)
     # litdata reads LITDATA_CACHE_DIR once, when first imported (in this process, maybe by an earlier test)
+    import litdata.utilities.dataset_utilities as litdata_paths
+
     monkeypatch.setattr(litdata_paths, "_LITDATA_CACHE_DIR", s3["LITDATA_CACHE_DIR"])
     project_main(command[2:])
     assert "Progress" in capsys.readouterr().err  # litdata's progress bar

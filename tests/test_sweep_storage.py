@@ -173,17 +173,23 @@ def stubbed(tmp_path: Path, checked) -> dict[str, str]:
     return env | {"PYTHONPATH": os.pathsep.join([str(ROOT), env["PYTHONPATH"]])}
 
 
+CHECKED: dict[str, list] = {}
+
+
 def checked_inputs(space: Path) -> list:
     """What the sweep's input check returns for `space` and configs/default.yaml, its dry run left out (not the
-    subject here): the metric, its direction and the base config's values."""
+    subject here): the metric, its direction and the base config's values. Once per sweep file text (each check
+    parses the training config several times)."""
     import project.sweep.check
     from project.sweep.space import load_space
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(project.sweep.check, "reported_metrics", lambda *args: ["val/loss"])
-        return list(
-            project.sweep.check.check_inputs(space, load_space(space), [str(ROOT / "configs/default.yaml")])
-        )
+    text = space.read_text()
+    if text not in CHECKED:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(project.sweep.check, "reported_metrics", lambda *args: ["val/loss"])
+            configs = [str(ROOT / "configs/default.yaml")]
+            CHECKED[text] = list(project.sweep.check.check_inputs(space, load_space(space), configs))
+    return CHECKED[text]
 
 
 @pytest.mark.slow
