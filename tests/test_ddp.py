@@ -203,7 +203,7 @@ def test_two_torchrun_nodes_train_together_restart_together_and_match_one_proces
     """Rank 0 is SIGKILLed while it writes the checkpoint of epoch 1 (KillAt): both agents restart their workers
     (c10d), which continue the run from epoch 0's checkpoint; the final weights still equal the one-process
     replay's of the undisturbed run, bit for bit."""
-    epochs = 4  # 80 optimizer steps: the 20-step warmup and part of the cosine
+    epochs = 2  # 40 optimizer steps: the 20-step warmup and the start of the cosine
     # torchrun.sh runs from the checkout (for configs/), where every rank would derive runs/two-nodes from the
     # rendezvous id (tests/test_ddp_units.py); this test names its run directory in tmp_path for all of them.
     port, run_dir = free_port(), tmp_path / "runs" / "two-nodes"
