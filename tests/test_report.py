@@ -180,6 +180,21 @@ def test_report_same_image_in_tensorboard_and_wandb(run_dir):
     assert np.array_equal(np.asarray(Image.open(last_wandb).convert("RGB")), drawn)
 
 
+@pytest.mark.claim("run-report")
+def test_report_is_drawn_in_the_default_style_whatever_the_process_set():
+    """A style set earlier in the process (Optuna's matplotlib plots, which the sweep report draws, call
+    plt.style.use("ggplot")) changes no pixel: a run in that process drew another picture of the same data."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    epochs = {0: {"train/loss": 2.0, "val/loss": 1.9, "train/acc": 0.3, "val/acc": 0.4}}
+    args = (epochs, [[0.1]], torch.eye(3, dtype=torch.long), [(0.9, torch.rand(1, 8, 8), 1, 2)], None, 40)
+    default = render(*args)
+    with matplotlib.rc_context():  # the style stays this test's
+        plt.style.use("ggplot")
+        assert np.array_equal(render(*args), default)
+
+
 def test_report_works_without_test_results():
     epochs = {0: {"train/loss": 2.0, "val/loss": 1.9}, 1: {"train/loss": 1.5}}
     image = render(epochs, [[0.1], [0.2]], None, [], None, 50)

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from matplotlib import style
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
@@ -126,9 +127,10 @@ def is_classifier(module) -> bool:
 
 
 def render(epochs, lrs, confusion, wrong, class_names, dpi: int, lr_names=None, classifier: bool = True):
-    """The report as an (H, W, 3) uint8 array (report_figure's, rasterised)."""
-    fig = report_figure(epochs, lrs, confusion, wrong, class_names, dpi, lr_names, classifier)
-    fig.canvas.draw()
+    """The report as an (H, W, 3) uint8 array, in matplotlib's default style (Optuna's plots set ggplot)."""
+    with style.context("default"):
+        fig = report_figure(epochs, lrs, confusion, wrong, class_names, dpi, lr_names, classifier)
+        fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
