@@ -460,35 +460,42 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
     (`finished_run.launch.stdout`). Do not write into it, other tests read it after yours: a tool that writes
     next to a run (predict, export, `python -m project test`) runs on `finished_run.copy_to(user_checkout(tmp))`.
     """
-    # Once per `make test`, not once per pytest-xdist worker: the first worker that needs it runs it under a file
-    # lock in the directory the workers share, and leaves the launch's record there for the others (a whole
-    # `make train` saved when the files that read it land on both workers).
-    shared = shared_folder(tmp_path_factory)
-    with locked(shared / "finished-run.lock") if shared else contextlib.nullcontext():
-        record = shared / "finished-run.json" if shared else None
-        if record is not None and record.is_file():
-            done = json.loads(record.read_text())
-            result = Launch(**{**done, "cwd": Path(done["cwd"])})
-            checkout = result.cwd
-        else:
-            checkout = user_checkout(tmp_path_factory.mktemp("finished-run"))
-            # One intra-op thread: it often runs next to other launches (tests/test_readme.py starts several at
-            # once), and 2 threads per process on 2 busy cores nearly double this run's CPU time.
-            env = {"OMP_NUM_THREADS": "1", **modules_at_exit(checkout / "modules-at-exit.txt")}
-            result = launch(make_argv(FINISHED_RUN_COMMAND), checkout, env=env)
-            if record is not None:
-                fields = {k: getattr(result, k) for k in Launch.__dataclass_fields__}
-                tmp = record.with_suffix(".tmp")
-                tmp.write_text(json.dumps({**fields, "cwd": str(result.cwd)}))
-                tmp.replace(record)
+
+    def make_train(folder: Path) -> dict:
+        checkout = user_checkout(folder)
+        # One intra-op thread: it often runs next to other launches (tests/test_readme.py starts several at
+        # once), and 2 threads per process on 2 busy cores nearly double this run's CPU time.
+        env = {"OMP_NUM_THREADS": "1", **modules_at_exit(checkout / "modules-at-exit.txt")}
+        result = launch(make_argv(FINISHED_RUN_COMMAND), checkout, env=env)
+        return {**{k: getattr(result, k) for k in Launch.__dataclass_fields__}, "cwd": str(result.cwd)}
+
+    done = once_per_session(tmp_path_factory, "finished-run", make_train)
+    result = Launch(**{**done, "cwd": Path(done["cwd"])})
     runs = result.runs()
     assert result.returncode == 0 and len(runs) == 1, f"the session's `make train` failed:\n{result}"
-    return FinishedRun(checkout, runs[0], result)
+    return FinishedRun(result.cwd, runs[0], result)
 
 
-def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
-    """The folder every pytest-xdist worker of this session sees (None without xdist)."""
-    return tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+ONCE: dict[str, dict] = {}
+
+
+def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str, make) -> dict:
+    """make(an empty folder) -> a JSON record, once per `make test`, not once per pytest-xdist worker: the first
+    worker that needs it runs it under a file lock in the folder the workers share and leaves the record there
+    for the others (each reads what make left in that worker's folder). A make that raises is tried again by the
+    next worker."""
+    if name not in ONCE:
+        shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+        with locked(shared / f"{name}.lock") if shared else contextlib.nullcontext():
+            record = shared / f"{name}.json" if shared else None
+            if record is not None and record.is_file():
+                ONCE[name] = json.loads(record.read_text())
+            else:
+                ONCE[name] = make(tmp_path_factory.mktemp(name))
+                if record is not None:
+                    record.with_suffix(".tmp").write_text(json.dumps(ONCE[name]))
+                    record.with_suffix(".tmp").replace(record)
+    return ONCE[name]
 
 
 @contextlib.contextmanager

@@ -207,7 +207,7 @@ def fork_main(args: list[str], log: Path, env: dict | None = None, cwd: Path | N
 
 class Rank:
     """One rank of a run: a fork of this process (fork=True) or a new interpreter, with torchrun's variables.
-    What a test needs of a process: pid, poll, wait, kill."""
+    What a test needs of a process: pid, poll, kill."""
 
     def __init__(
         self, args: list[str], rank: int, world: int, port: int, cwd: Path, log: Path, fork: bool

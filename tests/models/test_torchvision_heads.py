@@ -23,12 +23,9 @@ def meta_parameters():
     meta tensor cannot give ("Cannot copy out of meta tensor").
     """
     register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
-    fills = {name: getattr(torch.Tensor, name) for name in ("normal_", "uniform_")}
 
-    def skipped_on_meta(name):
-        return lambda tensor, *args, **kwargs: (
-            tensor if tensor.is_meta else fills[name](tensor, *args, **kwargs)
-        )
+    def skipped_on_meta(fill):
+        return lambda tensor, *args, **kwargs: tensor if tensor.is_meta else fill(tensor, *args, **kwargs)
 
     def parameter(self, name, param):
         register_parameter(
@@ -41,8 +38,8 @@ def meta_parameters():
     with (
         mock.patch.object(nn.Module, "register_parameter", parameter),
         mock.patch.object(nn.Module, "register_buffer", buffer),
-        mock.patch.object(torch.Tensor, "normal_", skipped_on_meta("normal_")),
-        mock.patch.object(torch.Tensor, "uniform_", skipped_on_meta("uniform_")),
+        mock.patch.object(torch.Tensor, "normal_", skipped_on_meta(torch.Tensor.normal_)),
+        mock.patch.object(torch.Tensor, "uniform_", skipped_on_meta(torch.Tensor.uniform_)),
     ):
         yield
 
